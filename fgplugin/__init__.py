@@ -1,0 +1,30 @@
+"""fgplugin: block-adaptive SpMM for full-batch GNN training with PyG and DGL.
+
+Importing fgplugin builds (first time) and loads its kernels; see fgplugin/_extension.py.
+"""
+import torch as _torch
+
+from . import _extension, ops as _ops
+from .normalization import Normalization, normalization
+from .ops import spmm
+from .tiling import TiledAdjacency, TilePlan
+
+__version__ = "0.1.0"
+
+_status = _extension.load()
+if not _status.loaded:
+    _ops.define_reference_ops()
+elif not _status.cuda:
+    _ops.define_reference_ops(cuda_only=True)
+_ops.register_python_parts()
+
+# PyG datasets save pre_transform output and read it back with torch.load(weights_only=True).
+_torch.serialization.add_safe_globals([TiledAdjacency, TilePlan])
+
+
+def extension_status() -> "_extension.ExtensionStatus":
+    """Whether the compiled kernels (and the CUDA ones) are in use, and if not, why."""
+    return _status
+
+
+__all__ = ["TiledAdjacency", "TilePlan", "Normalization", "normalization", "spmm", "extension_status"]

@@ -1,0 +1,154 @@
+"""``fgplugin.spmm``: the differentiable, torch.compile-able SpMM over a ``TiledAdjacency``.
+
+The op ``torch.ops.fgplugin.spmm`` is defined in csrc/spmm.cpp (or, if the extension could not be
+built, by fgplugin/_extension.py's fallback with the same schema); this module registers its fake
+kernel and its autograd formula:
+
+    out      = diag(r) (A + diag(d)) diag(c) x
+    grad_x   = diag(c) (A^T + diag(d)) diag(r) g           the same op on A's transpose
+    grad_val = SDDMM: <r_i g_i, c_j x_j> for each edge (i <- j)
+    grad_r   = rowsum(g * (A + diag(d)) diag(c) x)
+    grad_c   = rowsum(x * (A^T + diag(d)) diag(r) g),  grad_d = r * c * rowsum(g * x)
+
+The backward pass calls the op itself with the forward and transpose arrays swapped, so double
+backward works too.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._csr import aux_dtype_for
+from .reference import sddmm_reference, spmm_reference
+from .tiling import TiledAdjacency
+
+SPMM_SCHEMA = ("spmm(Tensor rowptr, Tensor col, Tensor? values, Tensor x, Tensor? row_scale, Tensor? col_scale, "
+               "Tensor? diag, Tensor? t_rowptr, Tensor? t_col, Tensor? t_values) -> Tensor")
+SDDMM_SCHEMA = "sddmm(Tensor rowptr, Tensor col, Tensor a, Tensor b) -> Tensor"
+
+_fallback_library = None  # keeps the Python-defined ops alive when the extension is missing
+
+
+def define_reference_ops(cuda_only: bool = False) -> None:
+    """Registers the reference kernels: for every device when the extension is missing, or
+    for CUDA only when the extension was built without its CUDA kernels."""
+    global _fallback_library
+    if cuda_only:
+        _fallback_library = torch.library.Library("fgplugin", "IMPL")
+        _fallback_library.impl("spmm", spmm_reference, "CUDA")
+        _fallback_library.impl("sddmm", sddmm_reference, "CUDA")
+        return
+    _fallback_library = torch.library.Library("fgplugin", "DEF")
+    _fallback_library.define(SPMM_SCHEMA)
+    _fallback_library.define(SDDMM_SCHEMA)
+    for key in ("CPU", "CUDA"):
+        _fallback_library.impl("spmm", spmm_reference, key)
+        _fallback_library.impl("sddmm", sddmm_reference, key)
+
+
+def register_python_parts() -> None:
+    """Fake kernels and autograd for the ops (needs the schemas defined)."""
+    torch.library.register_fake("fgplugin::spmm")(_spmm_fake)
+    torch.library.register_fake("fgplugin::sddmm")(_sddmm_fake)
+    torch.library.register_autograd("fgplugin::spmm", _spmm_backward, setup_context=_spmm_setup_context)
+
+
+def _spmm_fake(rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr, t_col, t_values):
+    torch._check(x.dim() == 2, lambda: "fgplugin.spmm: x must be 2-D")
+    return x.new_empty((rowptr.shape[0] - 1, x.shape[1]))
+
+
+def _sddmm_fake(rowptr, col, a, b):
+    return a.new_empty((col.shape[0],), dtype=aux_dtype_for(a.dtype))
+
+
+def _spmm_setup_context(ctx, inputs, output):
+    rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr, t_col, t_values = inputs
+    ctx.save_for_backward(rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr, t_col, t_values)
+
+
+def _spmm_backward(ctx, grad):
+    rowptr, col, values, x, r, c, d, t_rowptr, t_col, t_values = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    need_values, need_x, need_r, need_c, need_d = need[2], need[3], need[4], need[5], need[6]
+    spmm_op = torch.ops.fgplugin.spmm.default
+    aux = aux_dtype_for(x.dtype)
+    grad_values = grad_x = grad_r = grad_c = grad_d = None
+    if need_x or need_c:
+        if t_rowptr is None:
+            raise RuntimeError("fgplugin.spmm: the backward pass needs the transpose plan; call fgplugin.spmm(adj, x) "
+                               "instead of torch.ops.fgplugin.spmm so that it is passed")
+        if need_c:
+            z = spmm_op(t_rowptr, t_col, t_values, grad, None, r, d, rowptr, col, values)
+            grad_c = (z.to(aux) * x.to(aux)).sum(dim=1)
+            grad_x = z * c.to(z.dtype).unsqueeze(1) if need_x else None
+        else:
+            grad_x = spmm_op(t_rowptr, t_col, t_values, grad, c, r, d, rowptr, col, values)
+    if need_values:
+        g_scaled = grad.to(aux) if r is None else grad.to(aux) * r.unsqueeze(1)
+        x_scaled = x.to(aux) if c is None else x.to(aux) * c.unsqueeze(1)
+        grad_values = torch.ops.fgplugin.sddmm.default(rowptr, col, g_scaled, x_scaled)
+    if need_r:
+        u = spmm_op(rowptr, col, values, x, None, c, d, t_rowptr, t_col, t_values)
+        grad_r = (grad.to(aux) * u.to(aux)).sum(dim=1)
+    if need_d:
+        n = d.shape[0]
+        grad_d = (grad[:n].to(aux) * x[:n].to(aux)).sum(dim=1)
+        if r is not None:
+            grad_d = grad_d * r[:n]
+        if c is not None:
+            grad_d = grad_d * c[:n]
+    return None, None, grad_values, grad_x, grad_r, grad_c, grad_d, None, None, None
+
+
+def _as_aux(t, name, length, aux, device):
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != length:
+        raise ValueError(f"fgplugin.spmm: {name} must be a 1-D tensor of length {length}, got "
+                         f"{getattr(t, 'shape', type(t).__name__)}")
+    if t.device != device:
+        raise ValueError(f"fgplugin.spmm: {name} is on {t.device} but x is on {device}")
+    return t.to(aux)
+
+
+def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, diag=None) -> torch.Tensor:
+    r"""Sparse-dense product :math:`\mathrm{diag}(r)\,(A + \mathrm{diag}(d))\,\mathrm{diag}(c)\,X`.
+
+    Args:
+        adj (TiledAdjacency): the graph, shape ``(num_dst, num_src)``.
+        x (Tensor): ``[num_src, F]`` node features (float32/64, float16, bfloat16).
+        row_scale, col_scale (Tensor, optional): ``[num_dst]`` and ``[num_src]`` scales.
+        diag (Tensor or float, optional): self-loop weight per node (``[min(num_dst, num_src)]``),
+            or one float for every node.
+
+    ``fgplugin.spmm(adj, x, *adj.norm("gcn"))`` is a GCN aggregation. Differentiable in ``x``,
+    the edge weights ``adj.values``, the scales and ``diag``; works under
+    ``torch.compile(fullgraph=True)``. Returns ``[num_dst, F]`` in the dtype of ``x``.
+    """
+    if not isinstance(adj, TiledAdjacency):
+        raise TypeError(f"fgplugin.spmm expects a TiledAdjacency, got {type(adj).__name__}; build one with "
+                        "TiledAdjacency.from_edge_index(edge_index, num_nodes)")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.dtype.is_floating_point:
+        raise ValueError(f"fgplugin.spmm: x must be a 2-D floating-point tensor [num_src_nodes, F], got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} of shape {list(getattr(x, 'shape', []))}")
+    n_rows, n_cols = adj.shape
+    if x.shape[0] != n_cols:
+        raise ValueError(f"fgplugin.spmm: x has {x.shape[0]} rows but the adjacency has {n_cols} source nodes "
+                         f"(shape {adj.shape} = (num_dst, num_src)); pass features of every source node")
+    if x.device != adj.device:
+        raise ValueError(f"fgplugin.spmm: x is on {x.device} but the adjacency is on {adj.device}; "
+                         f"move it with adj.to({str(x.device)!r})")
+    aux = aux_dtype_for(x.dtype)
+    n_diag = min(n_rows, n_cols)
+    if isinstance(diag, (int, float)):
+        diag = None if diag == 0 else adj.constant_diag(float(diag), aux)
+    values = None if adj.values is None else adj.values.to(aux)
+    row_scale = _as_aux(row_scale, "row_scale", n_rows, aux, x.device)
+    col_scale = _as_aux(col_scale, "col_scale", n_cols, aux, x.device)
+    diag = _as_aux(diag, "diag", n_diag, aux, x.device)
+    t_rowptr = t_col = t_values = None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, values, row_scale, col_scale, diag)):
+        t_rowptr, t_col, _ = adj.transpose()
+        t_values = None if values is None else adj.transposed_values(values)
+    return torch.ops.fgplugin.spmm.default(adj.rowptr, adj.col, values, x, row_scale, col_scale, diag,
+                                           t_rowptr, t_col, t_values)

@@ -1,0 +1,39 @@
+"""Pure-torch reference kernels of fgplugin's ops.
+
+They define what the compiled kernels compute, run whenever the extension could not be built
+(see fgplugin/_extension.py), and are checked in the tests against a dense float64 product.
+They use scatter-adds (atomics on GPUs), so unlike the compiled kernels they are neither fast nor
+bitwise deterministic on CUDA.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._csr import aux_dtype_for, rows_of_edges
+
+
+def spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr=None, t_col=None, t_values=None):
+    """out = diag(row_scale) . (A + diag(diag)) . diag(col_scale) . x, accumulated in the aux dtype."""
+    acc = aux_dtype_for(x.dtype)
+    n_rows = rowptr.numel() - 1
+    xs = x.to(acc)
+    if col_scale is not None:
+        xs = xs * col_scale.unsqueeze(1)
+    messages = xs.index_select(0, col.long())
+    if values is not None:
+        messages = messages * values.unsqueeze(1)
+    out = torch.zeros(n_rows, x.shape[1], dtype=acc, device=x.device)
+    out.index_add_(0, rows_of_edges(rowptr, col.numel()), messages)
+    if diag is not None:
+        n_diag = diag.numel()
+        out[:n_diag] += diag.unsqueeze(1) * xs[:n_diag]
+    if row_scale is not None:
+        out = out * row_scale.unsqueeze(1)
+    return out.to(x.dtype)
+
+
+def sddmm_reference(rowptr, col, a, b):
+    """out[e] = <a[row(e)], b[col(e)]> for every non-zero e, in the aux dtype."""
+    acc = aux_dtype_for(a.dtype)
+    rows = rows_of_edges(rowptr, col.numel())
+    return (a.to(acc).index_select(0, rows) * b.to(acc).index_select(0, col.long())).sum(dim=1)
