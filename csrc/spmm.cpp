@@ -8,6 +8,8 @@
 //        t_rowptr / t_col / t_values: the CSR of A^T, used only by the backward pass (A^T . G);
 //        the forward kernels ignore them. Passing them as inputs keeps the op functional, so
 //        the backward is the same op on the swapped arguments and torch.compile sees one node.
+//        plan / t_plan: device-specific kernel plans of A and A^T (the block-adaptive CUDA
+//        kernel's tile lists, built by fgplugin/kernel_plan.py); empty = plain CSR kernel.
 // sddmm: out[e] = <a[row(e)], b[col(e)]> for every non-zero e of A (gradient w.r.t. edge values).
 #include <torch/library.h>
 
@@ -16,7 +18,8 @@
 TORCH_LIBRARY(fgplugin, m) {
   m.def(
       "spmm(Tensor rowptr, Tensor col, Tensor? values, Tensor x, Tensor? row_scale, "
-      "Tensor? col_scale, Tensor? diag, Tensor? t_rowptr, Tensor? t_col, Tensor? t_values) -> Tensor");
+      "Tensor? col_scale, Tensor? diag, Tensor? t_rowptr, Tensor? t_col, Tensor? t_values, Tensor[] plan, "
+      "Tensor[] t_plan) -> Tensor");
   m.def("sddmm(Tensor rowptr, Tensor col, Tensor a, Tensor b) -> Tensor");
 }
 

@@ -97,7 +97,7 @@ at::Tensor spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const std::
                     const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
                     const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag,
                     const std::optional<at::Tensor>& t_rowptr, const std::optional<at::Tensor>& t_col,
-                    const std::optional<at::Tensor>& t_values);
+                    const std::optional<at::Tensor>& t_values, at::TensorList plan, at::TensorList t_plan);
 at::Tensor sddmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& b);
 
 }  // namespace fgplugin

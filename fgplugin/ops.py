@@ -19,10 +19,11 @@ import torch
 
 from ._csr import aux_dtype_for
 from .reference import sddmm_reference, spmm_reference
+from .kernel_plan import kernel_plans
 from .tiling import TiledAdjacency
 
 SPMM_SCHEMA = ("spmm(Tensor rowptr, Tensor col, Tensor? values, Tensor x, Tensor? row_scale, Tensor? col_scale, "
-               "Tensor? diag, Tensor? t_rowptr, Tensor? t_col, Tensor? t_values) -> Tensor")
+               "Tensor? diag, Tensor? t_rowptr, Tensor? t_col, Tensor? t_values, Tensor[] plan, Tensor[] t_plan) -> Tensor")
 SDDMM_SCHEMA = "sddmm(Tensor rowptr, Tensor col, Tensor a, Tensor b) -> Tensor"
 
 _fallback_library = None  # keeps the Python-defined ops alive when the extension is missing
@@ -52,7 +53,7 @@ def register_python_parts() -> None:
     torch.library.register_autograd("fgplugin::spmm", _spmm_backward, setup_context=_spmm_setup_context)
 
 
-def _spmm_fake(rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr, t_col, t_values):
+def _spmm_fake(rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr, t_col, t_values, plan, t_plan):
     torch._check(x.dim() == 2, lambda: "fgplugin.spmm: x must be 2-D")
     return x.new_empty((rowptr.shape[0] - 1, x.shape[1]))
 
@@ -62,12 +63,14 @@ def _sddmm_fake(rowptr, col, a, b):
 
 
 def _spmm_setup_context(ctx, inputs, output):
-    rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr, t_col, t_values = inputs
-    ctx.save_for_backward(rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr, t_col, t_values)
+    rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr, t_col, t_values, plan, t_plan = inputs
+    ctx.save_for_backward(rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr, t_col, t_values, *plan, *t_plan)
+    ctx.plan_sizes = (len(plan), len(t_plan))
 
 
 def _spmm_backward(ctx, grad):
-    rowptr, col, values, x, r, c, d, t_rowptr, t_col, t_values = ctx.saved_tensors
+    rowptr, col, values, x, r, c, d, t_rowptr, t_col, t_values, *plans = ctx.saved_tensors
+    plan, t_plan = plans[:ctx.plan_sizes[0]], plans[ctx.plan_sizes[0]:]
     need = ctx.needs_input_grad
     need_values, need_x, need_r, need_c, need_d = need[2], need[3], need[4], need[5], need[6]
     spmm_op = torch.ops.fgplugin.spmm.default
@@ -78,17 +81,17 @@ def _spmm_backward(ctx, grad):
             raise RuntimeError("fgplugin.spmm: the backward pass needs the transpose plan; call fgplugin.spmm(adj, x) "
                                "instead of torch.ops.fgplugin.spmm so that it is passed")
         if need_c:
-            z = spmm_op(t_rowptr, t_col, t_values, grad, None, r, d, rowptr, col, values)
+            z = spmm_op(t_rowptr, t_col, t_values, grad, None, r, d, rowptr, col, values, t_plan, plan)
             grad_c = (z.to(aux) * x.to(aux)).sum(dim=1)
             grad_x = z * c.to(z.dtype).unsqueeze(1) if need_x else None
         else:
-            grad_x = spmm_op(t_rowptr, t_col, t_values, grad, c, r, d, rowptr, col, values)
+            grad_x = spmm_op(t_rowptr, t_col, t_values, grad, c, r, d, rowptr, col, values, t_plan, plan)
     if need_values:
         g_scaled = grad.to(aux) if r is None else grad.to(aux) * r.unsqueeze(1)
         x_scaled = x.to(aux) if c is None else x.to(aux) * c.unsqueeze(1)
         grad_values = torch.ops.fgplugin.sddmm.default(rowptr, col, g_scaled, x_scaled)
     if need_r:
-        u = spmm_op(rowptr, col, values, x, None, c, d, t_rowptr, t_col, t_values)
+        u = spmm_op(rowptr, col, values, x, None, c, d, t_rowptr, t_col, t_values, plan, t_plan)
         grad_r = (grad.to(aux) * u.to(aux)).sum(dim=1)
     if need_d:
         n = d.shape[0]
@@ -97,7 +100,8 @@ def _spmm_backward(ctx, grad):
             grad_d = grad_d * r[:n]
         if c is not None:
             grad_d = grad_d * c[:n]
-    return None, None, grad_values, grad_x, grad_r, grad_c, grad_d, None, None, None
+    no_grads = [None] * len(plan), [None] * len(t_plan)
+    return (None, None, grad_values, grad_x, grad_r, grad_c, grad_d, None, None, None, *no_grads)
 
 
 def _as_aux(t, name, length, aux, device):
@@ -150,5 +154,6 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, values, row_scale, col_scale, diag)):
         t_rowptr, t_col, _ = adj.transpose()
         t_values = None if values is None else adj.transposed_values(values)
+    plan, t_plan = kernel_plans(adj, x, t_rowptr is not None)
     return torch.ops.fgplugin.spmm.default(adj.rowptr, adj.col, values, x, row_scale, col_scale, diag,
-                                           t_rowptr, t_col, t_values)
+                                           t_rowptr, t_col, t_values, plan, t_plan)

@@ -12,7 +12,8 @@ import torch
 from ._csr import aux_dtype_for, rows_of_edges
 
 
-def spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr=None, t_col=None, t_values=None):
+def spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr=None, t_col=None, t_values=None,
+                   plan=(), t_plan=()):
     """out = diag(row_scale) . (A + diag(diag)) . diag(col_scale) . x, accumulated in the aux dtype."""
     acc = aux_dtype_for(x.dtype)
     n_rows = rowptr.numel() - 1

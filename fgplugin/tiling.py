@@ -346,8 +346,8 @@ class TiledAdjacency:
     def __repr__(self) -> str:
         tiles = self.tiles
         return (f"TiledAdjacency(shape={self.shape}, nnz={self.nnz}, index={str(self.col.dtype).replace('torch.', '')}, "
-                f"weighted={self.values is not None}, tiles={tiles.tile_size}x{tiles.tile_size}>{tiles.threshold:g}: "
-                f"{tiles.num_dense_tiles} dense holding {100 * self.dense_share:.1f}% of nnz, "
+                f"weighted={self.values is not None}, tiles={tiles.tile_size}x{tiles.tile_size} dense above "
+                f"{100 * tiles.threshold:.3g}%: {tiles.num_dense_tiles} tiles holding {100 * self.dense_share:.1f}% of nnz, "
                 f"reordered={self.perm is not None}, device={self.device}, nbytes={self.nbytes})")
 
 

@@ -73,7 +73,8 @@ at::Tensor spmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const std:
                      const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
                      const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag,
                      const std::optional<at::Tensor>& /*t_rowptr*/, const std::optional<at::Tensor>& /*t_col*/,
-                     const std::optional<at::Tensor>& /*t_values*/) {
+                     const std::optional<at::Tensor>& /*t_values*/, at::TensorList /*plan*/,
+                    at::TensorList /*t_plan*/) {
   const c10::cuda::CUDAGuard guard(x.device());
   const SpmmArgs a = prepare_spmm(rowptr, col, values, x, row_scale, col_scale, diag);
   at::Tensor out = at::empty({a.n_rows, a.x.size(1)}, a.x.options());

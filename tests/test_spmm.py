@@ -1,0 +1,175 @@
+"""fgplugin.spmm (compiled kernels and the reference path) against a dense float64 product."""
+import pytest
+import torch
+
+import fgplugin
+from fgplugin.reference import spmm_reference
+from fgplugin.testing import dense_spmm, graph_cases, random_graph_case, rel_error
+
+CASES = graph_cases()
+NORMS = ["gcn", "both", "right", "left", "none", "mean", "gcn-improved", "lgconv", "custom"]
+
+
+def _scales(adj, norm, generator):
+    if norm == "custom":  # arbitrary scales and per-node diagonal, signs included
+        n_rows, n_cols = adj.shape
+        return (torch.randn(n_rows, generator=generator), torch.randn(n_cols, generator=generator),
+                torch.randn(min(adj.shape), generator=generator))
+    if norm == "gcn-improved":
+        return tuple(adj.norm("gcn", improved=True))
+    if norm == "lgconv":
+        return tuple(adj.norm("gcn", add_self_loops=False))
+    return tuple(adj.norm(norm))
+
+
+# GCN-style normalizations need one node set (square adjacency).
+CASE_NORMS = [(case, norm) for case in CASES for norm in NORMS
+              if case.is_square or norm not in ("gcn", "gcn-improved", "lgconv")]
+
+
+@pytest.mark.parametrize("case,norm", CASE_NORMS, ids=lambda p: p if isinstance(p, str) else p.name)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+def test_forward_matches_dense_reference(case, norm, index_dtype):
+    g = torch.Generator().manual_seed(1)
+    adj = case.adjacency(index_dtype=index_dtype)
+    r, c, d = _scales(adj, norm, g)
+    x = torch.randn(case.shape[1], 19, generator=g)
+    ref = dense_spmm(case.dense(), x, r, c, d)
+    assert rel_error(fgplugin.spmm(adj, x, r, c, d), ref) <= 1e-5
+    assert rel_error(spmm_reference(adj.rowptr, adj.col, adj.values, x, r, c, d), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_gradients_match_dense_reference(case):
+    g = torch.Generator().manual_seed(2)
+    adj = case.adjacency()
+    r, c, d = _scales(adj, "custom", g)
+    x = torch.randn(case.shape[1], 5, generator=g, requires_grad=True)
+    grad_out = torch.randn(case.shape[0], 5, generator=g)
+    fgplugin.spmm(adj, x, r, c, d).backward(grad_out)
+    ref_grad = dense_spmm(case.dense().t(), grad_out, c, r, d)  # diag(c) (A^T + D) diag(r) g
+    assert rel_error(x.grad, ref_grad) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
+def test_other_precisions(dtype, tol):
+    case = [c for c in CASES if c.name == "not_divisible_weighted"][0]
+    adj = case.adjacency()
+    x = torch.randn(case.shape[1], 33)
+    r, c, d = adj.norm("gcn")
+    out = fgplugin.spmm(adj, x.to(dtype), r, c, d)
+    assert out.dtype == dtype
+    assert rel_error(out, dense_spmm(case.dense(), x.to(dtype), r, c, d)) <= tol
+
+
+def test_fresh_random_graphs(fresh_seed):
+    for offset, weighted in enumerate([False, True, False, True]):
+        seed = fresh_seed + offset
+        bipartite = offset >= 2
+        case = random_graph_case(seed, weighted=weighted, n_src=None if not bipartite else 97,
+                                 n_dst=None if not bipartite else 61)
+        adj = case.adjacency()
+        g = torch.Generator().manual_seed(seed)
+        r, c, d = _scales(adj, "custom", g)
+        x = torch.randn(case.shape[1], 1 + seed % 70, generator=g, requires_grad=True)
+        out = fgplugin.spmm(adj, x, r, c, d)
+        assert rel_error(out, dense_spmm(case.dense(), x.detach(), r, c, d)) <= 1e-5, f"seed {seed}"
+        grad_out = torch.randn_like(out)
+        out.backward(grad_out)
+        assert rel_error(x.grad, dense_spmm(case.dense().t(), grad_out, c, r, d)) <= 1e-5, f"seed {seed}"
+
+
+def test_gradcheck_all_inputs_float64():
+    case = [c for c in CASES if c.name == "not_divisible_weighted"][0]
+    g = torch.Generator().manual_seed(3)
+    base = case.adjacency()
+    weights = case.edge_weight.double().requires_grad_()
+    r = torch.rand(70, generator=g, dtype=torch.float64).add_(0.5).requires_grad_()
+    c = torch.rand(70, generator=g, dtype=torch.float64).add_(0.5).requires_grad_()
+    d = torch.rand(70, generator=g, dtype=torch.float64).requires_grad_()
+    x = torch.randn(70, 4, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def f(x, weights, r, c, d):
+        return fgplugin.spmm(base.with_values(weights), x, r, c, d)
+
+    assert torch.autograd.gradcheck(f, (x, weights, r, c, d))
+    assert torch.autograd.gradgradcheck(lambda x: fgplugin.spmm(base, x, r.detach(), c.detach(), d.detach()), (x,))
+
+
+def test_edge_weight_gradient_through_gcn_norm_matches_dense():
+    case = [c for c in CASES if c.name == "self_loops"][0]
+    g = torch.Generator().manual_seed(4)
+    weights = (torch.rand(case.edge_index.shape[1], generator=g, dtype=torch.float64) + 0.1).requires_grad_()
+    x = torch.randn(40, 3, generator=g, dtype=torch.float64)
+    adj = case.adjacency().with_values(weights)
+    out = fgplugin.spmm(adj, x, *adj.norm("gcn"))
+
+    dense_w = weights.clone().detach().requires_grad_()
+    a = torch.zeros(40, 40, dtype=torch.float64).index_put((case.edge_index[1], case.edge_index[0]), dense_w,
+                                                          accumulate=True)
+    has_loop = torch.zeros(40, dtype=torch.bool)
+    has_loop[case.edge_index[0][case.edge_index[0] == case.edge_index[1]]] = True
+    a = a + torch.diag((~has_loop).double())
+    dis = a.sum(1).rsqrt()
+    ref = dis[:, None] * a * dis[None, :] @ x
+    assert rel_error(out, ref) <= 1e-10
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    ref.backward(grad_out)
+    assert rel_error(weights.grad, dense_w.grad) <= 1e-10
+
+
+def test_opcheck():
+    case = [c for c in CASES if c.name == "not_divisible_weighted"][0]
+    adj = case.adjacency()
+    t_rowptr, t_col, _ = adj.transpose()
+    values = adj.values
+    t_values = adj.transposed_values(values)
+    r, c, d = adj.norm("gcn")
+    for requires_grad in (False, True):
+        x = torch.randn(70, 6, requires_grad=requires_grad)
+        args = (adj.rowptr, adj.col, values, x, r, c, d, t_rowptr, t_col, t_values, [], [])
+        torch.library.opcheck(torch.ops.fgplugin.spmm.default, args)
+    unweighted = [c for c in CASES if c.name == "hub_row"][0].adjacency()
+    t_rowptr, t_col, _ = unweighted.transpose()
+    x = torch.randn(300, 6, requires_grad=True)
+    torch.library.opcheck(torch.ops.fgplugin.spmm.default,
+                          (unweighted.rowptr, unweighted.col, None, x, None, None, None, t_rowptr, t_col, None, [], []))
+    a, b = torch.randn(70, 6), torch.randn(70, 6)
+    torch.library.opcheck(torch.ops.fgplugin.sddmm.default, (adj.rowptr, adj.col, a, b))
+
+
+def test_torch_compile_fullgraph_no_graph_breaks():
+    case = [c for c in CASES if c.name == "not_divisible_weighted"][0]
+    adj = case.adjacency()
+    weight = torch.randn(8, 8, requires_grad=True)
+    norm = adj.norm("gcn")
+
+    def two_layers(x):
+        h = torch.relu(fgplugin.spmm(adj, x @ weight, *norm))
+        return fgplugin.spmm(adj, h, *norm).sum()
+
+    x = torch.randn(70, 8, requires_grad=True)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(two_layers)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(two_layers, fullgraph=True, backend="aot_eager")
+    expected = two_layers(x)
+    (grad_expected,) = torch.autograd.grad(expected, x)
+    got = compiled(x)
+    (grad_got,) = torch.autograd.grad(got, x)
+    assert rel_error(got, expected) <= 1e-6 and rel_error(grad_got, grad_expected) <= 1e-6
+
+
+def test_deterministic_repeat():
+    adj = [c for c in CASES if c.name == "hub_row"][0].adjacency()
+    x = torch.randn(300, 64)
+    assert torch.equal(fgplugin.spmm(adj, x, *adj.norm("both")), fgplugin.spmm(adj, x, *adj.norm("both")))
+
+
+def test_no_transpose_built_without_grad():
+    adj = [c for c in CASES if c.name == "duplicate_edges"][0].adjacency()
+    fgplugin.spmm(adj, torch.randn(60, 3))
+    assert "transpose" not in adj._shared
+    fgplugin.spmm(adj, torch.randn(60, 3, requires_grad=True))
+    assert "transpose" in adj._shared

@@ -1,0 +1,203 @@
+"""TiledAdjacency: construction, tile plan, transpose, devices, pickling and input validation."""
+import io
+import pickle
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import fgplugin
+from fgplugin import TiledAdjacency
+from fgplugin._csr import index_dtype_for
+from fgplugin.testing import dense_spmm, graph_cases, rel_error
+
+CASES = {case.name: case for case in graph_cases()}
+
+
+@pytest.mark.parametrize("case", list(CASES.values()), ids=lambda c: c.name)
+def test_csr_holds_the_edges(case):
+    adj = case.adjacency()
+    assert adj.shape == case.shape
+    rows = torch.repeat_interleave(torch.arange(adj.shape[0]), adj.rowptr.diff().long())
+    dense = torch.zeros(case.shape, dtype=torch.float64)
+    weights = torch.ones(adj.nnz, dtype=torch.float64) if adj.values is None else adj.values.double()
+    dense.index_put_((rows, adj.col.long()), weights, accumulate=True)
+    assert torch.equal(dense, case.dense())
+    order = rows * max(adj.shape[1], 1) + adj.col.long()
+    assert bool((order[1:] >= order[:-1]).all()), "columns sorted within rows"
+    if case.edge_weight is not None:
+        assert torch.equal(adj.values, case.edge_weight[adj.edge_perm.long()])
+
+
+@pytest.mark.parametrize("case", list(CASES.values()), ids=lambda c: c.name)
+def test_tile_plan_matches_brute_force_count(case):
+    adj = case.adjacency()
+    plan = adj.tiles
+    t = plan.tile_size
+    counts = {}
+    for src, dst in case.edge_index.t().tolist():
+        counts[(dst // t, src // t)] = counts.get((dst // t, src // t), 0) + 1
+    dense = sorted(k for k, v in counts.items() if v > plan.threshold * t * t)
+    panels = plan.panel_ptr.long()
+    got = [(p, int(c)) for p in range(panels.numel() - 1) for c in plan.tile_col[panels[p]:panels[p + 1]]]
+    assert got == dense
+    assert plan.nnz_dense == sum(counts[k] for k in dense)
+    assert plan.tile_nnz.tolist() == [counts[k] for k in dense]
+
+
+def test_tile_exactly_at_threshold_is_sparse():
+    adj = CASES["tile_at_threshold"].adjacency()
+    assert adj.tiles.tile_col.tolist() == [1] and adj.tiles.panel_ptr.tolist() == [0, 0, 1, 1]
+    assert adj.tiles.tile_nnz.tolist() == [53]
+
+
+def test_with_tiles_reclassifies():
+    adj = CASES["dense_block"].adjacency()
+    assert adj.with_tiles(threshold=0.5).tiles.tile_col.tolist() == [1]  # the full 32x32 block only
+    assert adj.with_tiles(threshold=0.0).tiles.num_dense_tiles == 16  # every non-empty tile
+    assert adj.with_tiles(tile_size=16).tiles.tile_size == 16
+    assert adj.tiles.num_dense_tiles >= 1
+
+
+def test_transpose_symmetric_shares_arrays_and_asymmetric_is_correct():
+    ring = torch.tensor([[0, 1, 1, 2, 2, 0], [1, 0, 2, 1, 0, 2]])
+    adj = TiledAdjacency.from_edge_index(ring, 3)
+    t_rowptr, t_col, _ = adj.transpose()
+    assert t_rowptr is adj.rowptr and t_col is adj.col
+    case = CASES["bipartite_wide_signed_weights"]
+    adj = case.adjacency()
+    t_rowptr, t_col, t_perm = adj.transpose()
+    t_adj = TiledAdjacency.from_csr(t_rowptr, t_col, adj.values[t_perm.long()], shape=(adj.shape[1], adj.shape[0]))
+    x = torch.randn(adj.shape[0], 4)
+    assert rel_error(fgplugin.spmm(t_adj, x), case.dense().t() @ x.double()) <= 1e-6
+
+
+def test_from_csr_and_scipy_agree_with_edge_index():
+    case = CASES["not_divisible_weighted"]
+    adj = case.adjacency()
+    from_csr = TiledAdjacency.from_csr(adj.rowptr, adj.col, adj.values, shape=adj.shape)
+    ei = case.edge_index.numpy()
+    matrix = sp.coo_matrix((case.edge_weight.numpy(), (ei[1], ei[0])), shape=case.shape)
+    from_scipy = TiledAdjacency.from_scipy(matrix)
+    x = torch.randn(70, 5)
+    ref = dense_spmm(case.dense(), x)
+    for other in (from_csr, from_scipy):
+        assert rel_error(fgplugin.spmm(other, x), ref) <= 1e-6
+
+
+def test_int64_indices_chosen_beyond_int32_and_forced():
+    assert index_dtype_for(2**31 - 1, 10, 10) == torch.int32
+    assert index_dtype_for(2**31, 10, 10) == torch.int64
+    assert index_dtype_for(5, 2**31, 10) == torch.int64
+    adj = CASES["hub_row"].adjacency(index_dtype=torch.int64)
+    assert adj.rowptr.dtype == adj.col.dtype == adj.tiles.tile_col.dtype == torch.int64
+
+
+def test_perm_fields_and_validation():
+    perm = torch.tensor([2, 0, 1])
+    adj = TiledAdjacency.from_edge_index(torch.tensor([[0, 1], [1, 2]]), 3, perm=perm)
+    assert adj.perm.tolist() == [2, 0, 1] and adj.inv_perm.tolist() == [1, 2, 0]
+    with pytest.raises(ValueError, match="permutation"):
+        TiledAdjacency.from_edge_index(torch.tensor([[0, 1], [1, 2]]), 3, perm=torch.tensor([0, 0, 1]))
+
+
+def test_to_device_moves_everything_and_keeps_caches():
+    adj = CASES["bipartite_wide_signed_weights"].adjacency(perm=None)
+    adj.transpose()
+    assert adj.to("cpu") is adj
+    moved = adj.to("meta", non_blocking=True)
+    assert moved.device.type == "meta" and all(t.device.type == "meta" for t in moved._tensors() if t is not None)
+    assert "transpose" in moved._shared and moved.nbytes == adj.nbytes
+
+
+def test_nbytes_and_repr():
+    adj = CASES["hub_row"].adjacency()
+    expected = (adj.rowptr.numel() + adj.col.numel() + adj.edge_perm.numel()) * 4
+    expected += sum(t.numel() * t.element_size() for t in (adj.tiles.panel_ptr, adj.tiles.tile_col, adj.tiles.tile_nnz))
+    assert adj.nbytes == expected
+    adj.transpose()
+    assert adj.nbytes > expected
+    text = repr(adj)
+    for piece in ("shape=(300, 300)", f"nnz={adj.nnz}", "int32", "dense", "% of nnz"):
+        assert piece in text
+
+
+def test_pickle_and_weights_only_load_roundtrip():
+    adj = CASES["not_divisible_weighted"].adjacency(perm=torch.randperm(70))
+    adj.transpose()
+    buffer = io.BytesIO()
+    torch.save({"adj_t": adj}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)["adj_t"]
+    copy = pickle.loads(pickle.dumps(adj))
+    x = torch.randn(70, 3)
+    for other in (loaded, copy):
+        assert torch.equal(fgplugin.spmm(other, x, *other.norm("gcn")), fgplugin.spmm(adj, x, *adj.norm("gcn")))
+        assert torch.equal(other.perm, adj.perm) and torch.equal(other.inv_perm, adj.inv_perm)
+        assert "transpose" in other._shared
+
+
+def test_norm_is_cached_unless_values_need_grad():
+    adj = CASES["self_loops"].adjacency()
+    assert adj.norm("gcn") is adj.norm("gcn")
+    weighted = adj.with_values(torch.rand(adj.nnz, requires_grad=True))
+    assert weighted.norm("gcn") is not weighted.norm("gcn")
+    assert weighted._shared is adj._shared
+
+
+# ---------------------------------------------------------------- every bad input, its error
+EDGES = torch.tensor([[0, 1, 2], [1, 2, 0]])
+
+
+@pytest.mark.parametrize("build,error,match", [
+    (lambda: TiledAdjacency.from_edge_index(EDGES.float(), 3), TypeError, "integer node ids"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES.t(), 3), ValueError, r"\[2, E\].*edge_index.t\(\)"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES[0], 3), ValueError, r"shape \[2, E\]"),
+    (lambda: TiledAdjacency.from_edge_index(np.array([[0], [1]]), 3), TypeError, "torch.Tensor"),
+    (lambda: TiledAdjacency.from_edge_index(torch.tensor([[0, -1], [1, 2]]), 3), ValueError, "negative node id"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES, 2), ValueError, "pass num_nodes >= 3"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES, size=(3, 2)), ValueError, r"pass size\[1\] >= 3"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES, 3, size=(3, 3)), ValueError, "not both"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES, 3, torch.tensor([1.0, float("nan"), 1.0])), ValueError,
+     "NaN or infinite.*edge 1"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES, 3, torch.tensor([1.0, 1.0, float("inf")])), ValueError, "NaN or infinite"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES, 3, torch.ones(4)), ValueError, "one entry per edge"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES, 3, torch.ones(3, dtype=torch.long)), TypeError, "floating point"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES, 3, tile_size=0), ValueError, "tile_size"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES, 3, threshold=1.5), ValueError, "threshold"),
+    (lambda: TiledAdjacency.from_csr(torch.tensor([0, 2, 1]), torch.tensor([0, 1])), ValueError, "end at nnz"),
+    (lambda: TiledAdjacency.from_csr(torch.tensor([0, 2, 1, 3]), torch.tensor([0, 1, 2])), ValueError, "non-decreasing"),
+    (lambda: TiledAdjacency.from_csr(torch.tensor([0, 1]), torch.tensor([5])), ValueError, "outside"),
+    (lambda: TiledAdjacency.from_csr(torch.tensor([0.0, 1.0]), torch.tensor([0])), TypeError, "int32 or int64"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES, size=(3, 4), perm=torch.arange(4)), ValueError, "rectangular"),
+])
+def test_bad_graph_input_raises_clear_error(build, error, match):
+    with pytest.raises(error, match=match):
+        build()
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda adj: fgplugin.spmm(adj, torch.randn(4, 2)), ValueError, "x has 4 rows but the adjacency has 3"),
+    (lambda adj: fgplugin.spmm(adj, torch.randn(3)), ValueError, "2-D floating-point"),
+    (lambda adj: fgplugin.spmm(adj, torch.ones(3, 2, dtype=torch.long)), ValueError, "2-D floating-point"),
+    (lambda adj: fgplugin.spmm(adj, torch.randn(3, 2, device="meta")), ValueError, "adj.to"),
+    (lambda adj: fgplugin.spmm(adj, torch.randn(3, 2), torch.ones(5)), ValueError, "row_scale must be .* length 3"),
+    (lambda adj: fgplugin.spmm(EDGES, torch.randn(3, 2)), TypeError, "TiledAdjacency"),
+    (lambda adj: adj.norm("sym"), ValueError, "unknown normalization"),
+    (lambda adj: TiledAdjacency.from_edge_index(EDGES, size=(3, 2 + 2)).norm("gcn"), ValueError, "square"),
+])
+def test_bad_spmm_input_raises_clear_error(call, error, match):
+    adj = TiledAdjacency.from_edge_index(EDGES, 3)
+    with pytest.raises(error, match=match):
+        call(adj)
+
+
+def test_raw_op_rejects_mismatched_arguments():
+    adj = TiledAdjacency.from_edge_index(EDGES, 3)
+    with pytest.raises(RuntimeError, match="values must have dtype"):
+        torch.ops.fgplugin.spmm(adj.rowptr, adj.col, torch.ones(3, dtype=torch.float64), torch.randn(3, 2),
+                                None, None, None, None, None, None, [], [])
+    with pytest.raises(RuntimeError, match="col must be 1-D with the dtype of rowptr"):
+        torch.ops.fgplugin.spmm(adj.rowptr, adj.col.long(), None, torch.randn(3, 2), None, None, None, None, None,
+                                None, [], [])
