@@ -7,6 +7,8 @@ from fgplugin.reference import spmm_reference
 from fgplugin.testing import dense_spmm, graph_cases, random_graph_case, rel_error
 
 CASES = graph_cases()
+# CUDA runs wherever a GPU is visible (the GPU machine); CPU everywhere.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 NORMS = ["gcn", "both", "right", "left", "none", "mean", "gcn-improved", "lgconv", "custom"]
 
 
@@ -29,50 +31,56 @@ CASE_NORMS = [(case, norm) for case in CASES for norm in NORMS
 
 @pytest.mark.parametrize("case,norm", CASE_NORMS, ids=lambda p: p if isinstance(p, str) else p.name)
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
-def test_forward_matches_dense_reference(case, norm, index_dtype):
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_matches_dense_reference(case, norm, index_dtype, device):
     g = torch.Generator().manual_seed(1)
     adj = case.adjacency(index_dtype=index_dtype)
     r, c, d = _scales(adj, norm, g)
     x = torch.randn(case.shape[1], 19, generator=g)
     ref = dense_spmm(case.dense(), x, r, c, d)
-    assert rel_error(fgplugin.spmm(adj, x, r, c, d), ref) <= 1e-5
-    assert rel_error(spmm_reference(adj.rowptr, adj.col, adj.values, x, r, c, d), ref) <= 1e-5
+    on = lambda t: None if t is None else t.to(device)  # noqa: E731
+    assert rel_error(fgplugin.spmm(adj.to(device), x.to(device), on(r), on(c), on(d)), ref) <= 1e-5
+    assert rel_error(spmm_reference(on(adj.rowptr), on(adj.col), on(adj.values), x.to(device), on(r), on(c), on(d)),
+                     ref) <= 1e-5
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_gradients_match_dense_reference(case):
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_match_dense_reference(case, device):
     g = torch.Generator().manual_seed(2)
     adj = case.adjacency()
     r, c, d = _scales(adj, "custom", g)
-    x = torch.randn(case.shape[1], 5, generator=g, requires_grad=True)
+    x = torch.randn(case.shape[1], 5, generator=g).to(device).requires_grad_()
     grad_out = torch.randn(case.shape[0], 5, generator=g)
-    fgplugin.spmm(adj, x, r, c, d).backward(grad_out)
+    fgplugin.spmm(adj.to(device), x, r.to(device), c.to(device), d.to(device)).backward(grad_out.to(device))
     ref_grad = dense_spmm(case.dense().t(), grad_out, c, r, d)  # diag(c) (A^T + D) diag(r) g
     assert rel_error(x.grad, ref_grad) <= 1e-5
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
-def test_other_precisions(dtype, tol):
+@pytest.mark.parametrize("device", DEVICES)
+def test_other_precisions(dtype, tol, device):
     case = [c for c in CASES if c.name == "not_divisible_weighted"][0]
-    adj = case.adjacency()
+    adj = case.adjacency().to(device)
     x = torch.randn(case.shape[1], 33)
     r, c, d = adj.norm("gcn")
-    out = fgplugin.spmm(adj, x.to(dtype), r, c, d)
+    out = fgplugin.spmm(adj, x.to(device, dtype), r, c, d)
     assert out.dtype == dtype
     assert rel_error(out, dense_spmm(case.dense(), x.to(dtype), r, c, d)) <= tol
 
 
-def test_fresh_random_graphs(fresh_seed):
+@pytest.mark.parametrize("device", DEVICES)
+def test_fresh_random_graphs(fresh_seed, device):
     for offset, weighted in enumerate([False, True, False, True]):
         seed = fresh_seed + offset
         bipartite = offset >= 2
         case = random_graph_case(seed, weighted=weighted, n_src=None if not bipartite else 97,
                                  n_dst=None if not bipartite else 61)
-        adj = case.adjacency()
+        adj = case.adjacency().to(device)
         g = torch.Generator().manual_seed(seed)
-        r, c, d = _scales(adj, "custom", g)
-        x = torch.randn(case.shape[1], 1 + seed % 70, generator=g, requires_grad=True)
-        out = fgplugin.spmm(adj, x, r, c, d)
+        r, c, d = _scales(adj.cpu(), "custom", g)
+        x = torch.randn(case.shape[1], 1 + seed % 70, generator=g).to(device).requires_grad_()
+        out = fgplugin.spmm(adj, x, r.to(device), c.to(device), d.to(device))
         assert rel_error(out, dense_spmm(case.dense(), x.detach(), r, c, d)) <= 1e-5, f"seed {seed}"
         grad_out = torch.randn_like(out)
         out.backward(grad_out)
