@@ -1,0 +1,95 @@
+"""On-disk cache of preprocessing results, written atomically and checked on load.
+
+An entry is one file: a fixed header line with the payload's SHA-256 and length, then the
+payload (``torch.save`` of the object). It is written to a temporary file in the same folder and
+moved into place with ``os.replace``, so a crash mid-write never leaves a half entry under the
+real name. On load, a wrong checksum or length (a corrupt or truncated file) or a key that does
+not match (an entry of an older format) is reported with a warning, removed and rebuilt.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ._extension import cache_dir
+
+FORMAT = "fgplugin-cache-v1"
+
+
+class CacheWarning(UserWarning):
+    """A cache entry was unusable (corrupt, truncated or stale) and has been rebuilt."""
+
+
+def default_cache_dir() -> Path:
+    return cache_dir() / "preprocess"
+
+
+def tensor_digest(*parts: Any) -> str:
+    """A hex key over tensors (their dtype, shape and bytes) and plain values (their repr)."""
+    digest = hashlib.blake2b(digest_size=20)
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            data = part.detach().contiguous().cpu()
+            digest.update(f"{data.dtype}{tuple(data.shape)}".encode())
+            digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+        else:
+            digest.update(repr(part).encode())
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def _header(payload: bytes, key: str) -> bytes:
+    return f"{FORMAT} {key} {hashlib.sha256(payload).hexdigest()} {len(payload)}\n".encode()
+
+
+def save_entry(path: Path, key: str, obj: Any) -> None:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    payload = buffer.getvalue()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_header(payload, key))
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_entry(path: Path, key: str) -> Any | None:
+    """The cached object, or None when absent; an unusable entry warns and is removed."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    header, _, payload = raw.partition(b"\n")
+    fields = header.decode(errors="replace").split(" ")
+    if len(fields) != 4 or fields[0] != FORMAT or fields[1] != key:
+        problem = "stale (written for other inputs or by another fgplugin version)"
+    elif fields[3] != str(len(payload)) or fields[2] != hashlib.sha256(payload).hexdigest():
+        problem = "corrupt (checksum or length mismatch)"
+    else:
+        return torch.load(io.BytesIO(payload), weights_only=True)
+    warnings.warn(f"fgplugin cache entry {path} is {problem}; rebuilding it", CacheWarning, stacklevel=3)
+    path.unlink(missing_ok=True)
+    return None
+
+
+def cached(path: Path, key: str, build: Callable[[], Any]) -> Any:
+    """Load the entry at ``path`` if it is valid for ``key``; otherwise build, save and return it."""
+    obj = load_entry(path, key)
+    if obj is None:
+        obj = build()
+        save_entry(path, key, obj)
+    return obj
