@@ -61,9 +61,9 @@ def source_dir() -> Path:
 
 def _sources(with_cuda: bool) -> list[Path]:
     root = source_dir()
-    files = [root / "spmm.cpp", *sorted((root / "cpu").glob("*.cpp"))]
+    files = [*sorted(root.glob("*.cpp")), *sorted((root / "cpu").glob("*.cpp"))]
     if with_cuda:
-        files += sorted((root / "cuda").glob("*.cu"))
+        files += sorted((root / "cuda").glob("*.cpp")) + sorted((root / "cuda").glob("*.cu"))
     return files
 
 

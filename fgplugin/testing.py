@@ -50,7 +50,10 @@ class GraphCase:
 
 
 def dense_spmm(dense_adj: torch.Tensor, x: torch.Tensor, row_scale=None, col_scale=None, diag=None) -> torch.Tensor:
-    """float64 ``diag(r) (A + diag(d)) diag(c) x`` with a dense A: the reference of every kernel."""
+    """float64 ``diag(r) (A + diag(d)) diag(c) x`` with a dense A, on the CPU: the reference of
+    every kernel."""
+    cpu = lambda t: None if t is None else t.detach().cpu()  # noqa: E731
+    dense_adj, x, row_scale, col_scale, diag = map(cpu, (dense_adj, x, row_scale, col_scale, diag))
     a = dense_adj.double().clone()
     if diag is not None:
         n = diag.numel()

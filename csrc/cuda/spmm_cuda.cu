@@ -1,17 +1,15 @@
-// Simple, correct CUDA kernels for the spmm / sddmm ops (the block-adaptive tensor-core kernel
-// replaces spmm_csr_warp_kernel behind the same op; see the Kernels section of DESIGN.md).
+// The simple CSR kernels of the spmm / sddmm ops: what an empty kernel plan and float64 run (the
+// block-adaptive kernels are in block_adaptive_spmm.cu; the ops are registered and their
+// arguments checked in spmm_cuda_ops.cpp). Host code here only launches: no exceptions.
 //
-// Thread mapping: one warp per output row; the 32 lanes stride the feature dimension, so each
+// Thread mapping of the simple kernels: one warp per output row; the 32 lanes stride the feature dimension, so each
 // gathered neighbour row is read coalesced. Accumulation in at::opmath_type; each output element
 // is written by one thread, no atomics, so results are deterministic. Limits: a hub row is
 // serialized on one warp (fine for correctness, slow for power-law graphs).
 #include <ATen/Dispatch.h>
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
 
-#include "../spmm.h"
+#include "launch.h"
 
 namespace fgplugin {
 namespace {
@@ -69,16 +67,9 @@ unsigned blocks_for_rows(int64_t n_rows) {
   return static_cast<unsigned>((n_rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
-at::Tensor spmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const std::optional<at::Tensor>& values,
-                     const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
-                     const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag,
-                     const std::optional<at::Tensor>& /*t_rowptr*/, const std::optional<at::Tensor>& /*t_col*/,
-                     const std::optional<at::Tensor>& /*t_values*/, at::TensorList /*plan*/,
-                    at::TensorList /*t_plan*/) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  const SpmmArgs a = prepare_spmm(rowptr, col, values, x, row_scale, col_scale, diag);
-  at::Tensor out = at::empty({a.n_rows, a.x.size(1)}, a.x.options());
-  if (out.numel() == 0) return out;
+}  // namespace
+
+cudaError_t launch_spmm_csr(const SpmmArgs& a, const at::Tensor& out) {
   const int64_t n_diag = a.diag ? std::min(a.n_rows, a.x.size(0)) : 0;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.x.scalar_type(), "fgplugin_spmm_cuda", [&] {
@@ -88,17 +79,12 @@ at::Tensor spmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const std:
           a.rowptr.data_ptr<index_t>(), a.col.data_ptr<index_t>(), data_or_null<acc_t>(a.values),
           a.x.data_ptr<scalar_t>(), data_or_null<acc_t>(a.row_scale), data_or_null<acc_t>(a.col_scale),
           data_or_null<acc_t>(a.diag), out.data_ptr<scalar_t>(), a.n_rows, n_diag, a.x.size(1));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  return out;
+  return cudaGetLastError();
 }
 
-at::Tensor sddmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a_in, const at::Tensor& b_in) {
-  const c10::cuda::CUDAGuard guard(a_in.device());
-  const SddmmArgs a = prepare_sddmm(rowptr, col, a_in, b_in);
-  at::Tensor out = at::empty({a.col.numel()}, a.a.options().dtype(aux_dtype_for(a.a.scalar_type())));
-  if (out.numel() == 0) return out;
+cudaError_t launch_sddmm_csr(const SddmmArgs& a, const at::Tensor& out) {
   const auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.a.scalar_type(), "fgplugin_sddmm_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -106,16 +92,9 @@ at::Tensor sddmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const at:
       sddmm_csr_warp_kernel<scalar_t, index_t><<<blocks_for_rows(a.n_rows), kWarpsPerBlock * 32, 0, stream>>>(
           a.rowptr.data_ptr<index_t>(), a.col.data_ptr<index_t>(), a.a.data_ptr<scalar_t>(), a.b.data_ptr<scalar_t>(),
           out.data_ptr<acc_t>(), a.n_rows, a.a.size(1));
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  return out;
+  return cudaGetLastError();
 }
 
-}  // namespace
 }  // namespace fgplugin
-
-TORCH_LIBRARY_IMPL(fgplugin, CUDA, m) {
-  m.impl("spmm", &fgplugin::spmm_cuda);
-  m.impl("sddmm", &fgplugin::sddmm_cuda);
-}

@@ -1,0 +1,709 @@
+// Block-adaptive SpMM (issue 3): out = diag(r) (A + diag(d)) diag(c) x over a plan built by
+// fgplugin/kernel_plan.py (format in block_adaptive_spmm.cuh). Three launches on the current stream,
+// no atomics, so results are bitwise deterministic:
+//
+// 1. ba_dense_kernel: one CTA of 4 warps per (row panel with dense tiles, 64- or 128-column chunk
+//    of F). Panels come in LPT order (most tiles first). For each dense 32x32 tile of the panel the
+//    CTA stages X[cp*32 : cp*32+32, f0 : f0+FC] in shared memory with cp.async (3 stages, zero
+//    filled past n_cols / F), plus the tile's 32-word bitmap, the 32 column scales and (weighted
+//    graphs) the 32x32 edge values. Warp w owns columns [w*FC/4, (w+1)*FC/4) of the chunk and all
+//    32 rows (2 m16 tiles). The A fragments are built in registers from the bitmap (0/1, times the
+//    weight); col scales are applied to X (fp32) or to A (bf16/fp16).
+//      fp32 accurate: FC = 64, m16n8k8 TF32 with X split x = hi + lo (2 MMAs per product on unit
+//        weights since A is exact; 3 with weights: a_hi b_hi + a_hi b_lo + a_lo b_hi).
+//      fp32 with TF32 allowed by PyTorch: 1 MMA (A and X rounded to TF32).
+//      bf16 / fp16: FC = 128, m16n8k16 with B fragments by ldmatrix.trans, fp32 accumulation.
+//    It writes the panel's raw dense partial (no scales) into out (in x's dtype).
+// 2. ba_sparse_kernel: one warp per work item (a chunk of <= `chunk` remainder entries of one row;
+//    hub rows are split into several items). The warp is cut into 32/L groups of L lanes; lane
+//    sub-index s covers features [s*V, s*V+V) with 16-byte vector loads (V = 4 fp32, 8 bf16/fp16;
+//    V = 1 when F % V != 0 or x is misaligned), group g takes entries g, g+G, ... of the item. The
+//    32 column ids and weights of a batch are loaded coalesced by the lanes and broadcast with
+//    shuffles; 4 rows are gathered before their FMAs. Groups are summed by xor-shuffles in a fixed
+//    order. A single-item row is finished in place: + diag term + dense partial (read back from
+//    out), times the row scale. Items of split rows write fp32 partials instead.
+// 3. ba_combine_kernel: one warp per split row sums its partials in slot order and finishes it.
+//
+// Host code here only launches and reports errors as cudaError_t; the plan and arguments are
+// checked before, in C++ (block_adaptive_plan.cpp; see spmm.h for why).
+//
+// Limits: tile size 32 only (kernel_plan.py maps other tile sizes onto 32x32 bitmaps); x float,
+// half or bfloat16 (float64 stays on the plain CSR kernel); F < 65536 * 64; non-finite values in x
+// spread to every row of a dense tile whose column panel holds them (0 * inf in the MMA).
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "block_adaptive_spmm.cuh"
+
+namespace fgplugin {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kStages = 3;
+constexpr int kSparseWarps = 8;
+
+// ------------------------------------------------------------------ small device helpers
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ uint32_t to_tf32(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <bool kBF16>
+__device__ __forceinline__ void mma_16bit(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kBF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// Two floats -> packed 16-bit pair (first in the low half), round to nearest even.
+template <bool kBF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kBF16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// Element conversions between x's storage and float.
+template <typename scalar_t>
+__device__ __forceinline__ float to_float(scalar_t v) {
+  return static_cast<float>(v);
+}
+template <typename scalar_t>
+__device__ __forceinline__ scalar_t from_float(float v) {
+  return static_cast<scalar_t>(v);
+}
+
+__device__ __forceinline__ float lo16_to_float(uint32_t w, bool bf16) {
+  return bf16 ? __uint_as_float(w << 16) : __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+}
+__device__ __forceinline__ float hi16_to_float(uint32_t w, bool bf16) {
+  return bf16 ? __uint_as_float(w & 0xffff0000u) : __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+
+// V consecutive elements of x's dtype <-> V floats. V is 16 bytes' worth, or 1.
+template <typename scalar_t, int V>
+struct VecIO {
+  static __device__ __forceinline__ void load(const scalar_t* p, float (&v)[V]) {
+    if constexpr (V == 1) {
+      v[0] = to_float(p[0]);
+    } else if constexpr (std::is_same_v<scalar_t, float>) {
+      static_assert(V == 4, "fp32 vectors are float4");
+      const float4 q = __ldg(reinterpret_cast<const float4*>(p));
+      v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+    } else {
+      static_assert(V == 8, "16-bit vectors hold 8 elements");
+      constexpr bool bf = std::is_same_v<scalar_t, at::BFloat16>;
+      const uint4 q = __ldg(reinterpret_cast<const uint4*>(p));
+      const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[2 * i] = lo16_to_float(w[i], bf);
+        v[2 * i + 1] = hi16_to_float(w[i], bf);
+      }
+    }
+  }
+  // Plain (non-__ldg) load: for `out`, which an earlier launch wrote.
+  static __device__ __forceinline__ void load_rw(const scalar_t* p, float (&v)[V]) {
+    if constexpr (V == 1) {
+      v[0] = to_float(p[0]);
+    } else if constexpr (std::is_same_v<scalar_t, float>) {
+      const float4 q = *reinterpret_cast<const float4*>(p);
+      v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+    } else {
+      constexpr bool bf = std::is_same_v<scalar_t, at::BFloat16>;
+      const uint4 q = *reinterpret_cast<const uint4*>(p);
+      const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[2 * i] = lo16_to_float(w[i], bf);
+        v[2 * i + 1] = hi16_to_float(w[i], bf);
+      }
+    }
+  }
+  static __device__ __forceinline__ void store(scalar_t* p, const float (&v)[V]) {
+    if constexpr (V == 1) {
+      p[0] = from_float<scalar_t>(v[0]);
+    } else if constexpr (std::is_same_v<scalar_t, float>) {
+      *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      constexpr bool bf = std::is_same_v<scalar_t, at::BFloat16>;
+      uint4 q;
+      q.x = pack2<bf>(v[0], v[1]);
+      q.y = pack2<bf>(v[2], v[3]);
+      q.z = pack2<bf>(v[4], v[5]);
+      q.w = pack2<bf>(v[6], v[7]);
+      *reinterpret_cast<uint4*>(p) = q;
+    }
+  }
+};
+
+template <typename scalar_t>
+constexpr int kVec = 16 / sizeof(scalar_t);
+
+// ------------------------------------------------------------------ 1. dense tiles
+template <typename scalar_t>
+struct DenseCfg {
+  static constexpr bool kFp32 = std::is_same_v<scalar_t, float>;
+  static constexpr int FC = kFp32 ? 64 : 128;     // feature columns per CTA
+  static constexpr int WN = FC / 4;               // columns per warp
+  static constexpr int NT = WN / 8;               // n8 tiles per warp
+  static constexpr int XSTRIDE = FC + 8;          // smem row stride in elements (bank-conflict pad)
+  static constexpr int EPC = 16 / sizeof(scalar_t);  // elements per 16-byte chunk
+  static constexpr int ASTRIDE = 36;              // weighted A values: 32 + 4 pad (floats)
+  using smem_t = std::conditional_t<kFp32, float, uint16_t>;
+};
+
+template <typename scalar_t>
+struct DenseParams {
+  const int* dpanel_ptr;
+  const int* dwork;
+  const int* dtile_cp;
+  const uint32_t* dtile_bits;
+  const int64_t* dtile_roff;
+  const int64_t* dense_eid;
+  const float* values;
+  const scalar_t* x;
+  const float* cs;
+  scalar_t* out;
+  int64_t n_rows, n_cols, F;
+  bool vec;
+};
+
+// MODE 0: one TF32 MMA (TF32 allowed) / native 16-bit MMA; MODE 1: fp32-accurate TF32 split.
+template <typename scalar_t, bool WEIGHTED, int MODE>
+__global__ void __launch_bounds__(128) ba_dense_kernel(const DenseParams<scalar_t> p) {
+  using Cfg = DenseCfg<scalar_t>;
+  using smem_t = typename Cfg::smem_t;
+  constexpr int FC = Cfg::FC, WN = Cfg::WN, NT = Cfg::NT, XS = Cfg::XSTRIDE, EPC = Cfg::EPC;
+  constexpr int AS = Cfg::ASTRIDE;
+  __shared__ __align__(16) smem_t xs[kStages][32 * XS];
+  __shared__ float csm[kStages][32];
+  __shared__ uint32_t bms[kStages][32];
+  __shared__ float avs[WEIGHTED ? kStages : 1][WEIGHTED ? 32 * AS : 1];
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int64_t panel = p.dwork[blockIdx.x];
+  const int64_t f0 = static_cast<int64_t>(blockIdx.y) * FC;
+  const int64_t t_begin = p.dpanel_ptr[panel];
+  const int nt = p.dpanel_ptr[panel + 1] - static_cast<int>(t_begin);
+  const smem_t* xraw = reinterpret_cast<const smem_t*>(p.x);
+
+  auto load_stage = [&](int s, int64_t t) {
+    const int64_t j0 = static_cast<int64_t>(p.dtile_cp[t]) * 32;
+    if (tid < 32) {
+      cp_async4(&bms[s][tid], p.dtile_bits + t * 32 + tid, true);
+      const int64_t j = j0 + tid;
+      const bool ok = j < p.n_cols;
+      if (p.cs != nullptr) {
+        cp_async4(&csm[s][tid], p.cs + (ok ? j : 0), ok);
+      } else {
+        csm[s][tid] = ok ? 1.f : 0.f;
+      }
+    }
+    if (p.vec) {
+      constexpr int CPR = FC / EPC;  // 16-byte chunks per row
+#pragma unroll
+      for (int c = tid; c < 32 * CPR; c += 128) {
+        const int r = c / CPR, q = c % CPR;
+        const int64_t j = j0 + r, f = f0 + q * EPC;
+        const bool ok = j < p.n_cols && f < p.F;
+        cp_async16(&xs[s][r * XS + q * EPC], ok ? xraw + j * p.F + f : xraw, ok);
+      }
+    } else {
+      for (int c = tid; c < 32 * FC; c += 128) {
+        const int r = c / FC, q = c % FC;
+        const int64_t j = j0 + r, f = f0 + q;
+        xs[s][r * XS + q] = (j < p.n_cols && f < p.F) ? xraw[j * p.F + f] : smem_t(0);
+      }
+    }
+    if constexpr (WEIGHTED) {
+      const int r = tid >> 2, c0 = (tid & 3) * 8;
+      const uint32_t word = p.dtile_bits[t * 32 + r];
+      const int64_t base = p.dtile_roff[t * 32 + r];
+#pragma unroll
+      for (int c = c0; c < c0 + 8; ++c) {
+        float v = 0.f;
+        if ((word >> c) & 1u) v = p.values[p.dense_eid[base + __popc(word & ((1u << c) - 1u))]];
+        avs[s][r * AS + c] = v;
+      }
+    }
+  };
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[m][n][q] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nt) load_stage(s, t_begin + s);
+    cp_async_commit();
+  }
+
+  for (int i = 0; i < nt; ++i) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage i landed for everyone; stage (i-1) % kStages is free again
+    if (i + kStages - 1 < nt) load_stage((i + kStages - 1) % kStages, t_begin + i + kStages - 1);
+    cp_async_commit();
+
+    const int s = i % kStages;
+    const smem_t* X = xs[s];
+    uint32_t bm[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) bm[q] = bms[s][g + 8 * q];  // rows g, g+8, g+16, g+24
+    const float* AV = avs[WEIGHTED ? s : 0];
+
+    if constexpr (Cfg::kFp32) {
+      constexpr uint32_t kOne = 0x3f800000u;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const int k0 = ks * 8 + t4, k1 = k0 + 4;
+        uint32_t ahi[2][4], alo[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          if constexpr (!WEIGHTED) {
+            ahi[m][0] = ((bm[2 * m] >> k0) & 1u) ? kOne : 0u;
+            ahi[m][1] = ((bm[2 * m + 1] >> k0) & 1u) ? kOne : 0u;
+            ahi[m][2] = ((bm[2 * m] >> k1) & 1u) ? kOne : 0u;
+            ahi[m][3] = ((bm[2 * m + 1] >> k1) & 1u) ? kOne : 0u;
+          } else {
+            const int ra = m * 16 + g, rb = ra + 8;
+            const float av[4] = {AV[ra * AS + k0], AV[rb * AS + k0], AV[ra * AS + k1], AV[rb * AS + k1]};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              ahi[m][q] = to_tf32(av[q]);
+              alo[m][q] = to_tf32(av[q] - __uint_as_float(ahi[m][q]));
+            }
+          }
+        }
+        const float c0 = csm[s][k0], c1 = csm[s][k1];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const int col = warp * WN + n * 8 + g;
+          const float b0 = X[k0 * XS + col] * c0, b1 = X[k1 * XS + col] * c1;
+          const uint32_t bh0 = to_tf32(b0), bh1 = to_tf32(b1);
+          if constexpr (MODE == 1) {
+            const uint32_t bl0 = to_tf32(b0 - __uint_as_float(bh0)), bl1 = to_tf32(b1 - __uint_as_float(bh1));
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              if constexpr (WEIGHTED) mma_tf32(acc[m][n], alo[m], bh0, bh1);
+              mma_tf32(acc[m][n], ahi[m], bl0, bl1);
+              mma_tf32(acc[m][n], ahi[m], bh0, bh1);
+            }
+          } else {
+#pragma unroll
+            for (int m = 0; m < 2; ++m) mma_tf32(acc[m][n], ahi[m], bh0, bh1);
+          }
+        }
+      }
+    } else {
+      constexpr bool kBF = std::is_same_v<scalar_t, at::BFloat16>;
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const int ka = ks * 16 + 2 * t4;
+        const int kc[4] = {ka, ka + 1, ka + 8, ka + 9};
+        float cv[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) cv[q] = csm[s][kc[q]];
+        uint32_t a[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const int ra = m * 16 + g, rb = ra + 8;
+          float v[2][4];  // [row a/b][column kc]
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if constexpr (!WEIGHTED) {
+              v[0][q] = ((bm[2 * m] >> kc[q]) & 1u) ? cv[q] : 0.f;
+              v[1][q] = ((bm[2 * m + 1] >> kc[q]) & 1u) ? cv[q] : 0.f;
+            } else {
+              v[0][q] = AV[ra * AS + kc[q]] * cv[q];
+              v[1][q] = AV[rb * AS + kc[q]] * cv[q];
+            }
+          }
+          a[m][0] = pack2<kBF>(v[0][0], v[0][1]);
+          a[m][1] = pack2<kBF>(v[1][0], v[1][1]);
+          a[m][2] = pack2<kBF>(v[0][2], v[0][3]);
+          a[m][3] = pack2<kBF>(v[1][2], v[1][3]);
+        }
+        const int mi = lane >> 3, rr = lane & 7;
+        const int krow = ks * 16 + (mi & 1) * 8 + rr;
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          const int col = warp * WN + (2 * np + (mi >> 1)) * 8;
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4_trans(smem_addr(&X[krow * XS + col]), b0, b1, b2, b3);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            mma_16bit<kBF>(acc[m][2 * np], a[m], b0, b1);
+            mma_16bit<kBF>(acc[m][2 * np + 1], a[m], b2, b3);
+          }
+        }
+      }
+    }
+  }
+
+  // Raw dense partial of the panel -> out (the sparse pass adds the rest and scales).
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int64_t row = panel * 32 + m * 16 + g + (q >> 1) * 8;
+        const int64_t f = f0 + warp * WN + n * 8 + 2 * t4 + (q & 1);
+        if (row < p.n_rows && f < p.F) p.out[row * p.F + f] = from_float<scalar_t>(acc[m][n][q]);
+      }
+}
+
+// ------------------------------------------------------------------ 2. sparse remainder
+template <typename scalar_t, typename index_t>
+struct SparseParams {
+  const index_t* rem_col;
+  const index_t* rem_eid;
+  const index_t* item_ptr;
+  const index_t* item_row;
+  const int* item_slot;
+  const int* dpanel_ptr;
+  const float* values;
+  const scalar_t* x;
+  const float* rs;
+  const float* cs;
+  const float* diag;
+  scalar_t* out;
+  float* partial;
+  int64_t n_items, n_diag, F;
+  int lanes;  // L: lanes per feature group (power of two <= 32)
+  bool vec;
+};
+
+template <typename scalar_t, int V>
+__device__ __forceinline__ void store_partial(float* p, const float (&v)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < V; i += 4) *reinterpret_cast<float4*>(p + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = v[i];
+  }
+}
+
+template <int V, typename scalar_t, typename index_t>
+__device__ __forceinline__ void sparse_item(const SparseParams<scalar_t, index_t>& p, int64_t row, int64_t b,
+                                            int64_t e, int slot, int lane) {
+  using IO = VecIO<scalar_t, V>;
+  const int L = p.lanes, G = 32 / L, grp = lane / L, sub = lane % L;
+  const int64_t F = p.F;
+  const bool has_dense = p.dpanel_ptr[(row >> 5) + 1] > p.dpanel_ptr[row >> 5];
+  for (int64_t f0 = 0; f0 < F; f0 += static_cast<int64_t>(L) * V) {
+    const int64_t f = f0 + static_cast<int64_t>(sub) * V;
+    const bool active = f < F;
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = 0.f;
+    for (int64_t base = b; base < e; base += 32) {
+      const int64_t ee = base + lane;
+      index_t j = 0;
+      float w = 0.f;
+      if (ee < e) {
+        j = p.rem_col[ee];
+        w = p.values != nullptr ? p.values[p.rem_eid[ee]] : 1.f;
+        if (p.cs != nullptr) w *= p.cs[j];
+      }
+      const int n = static_cast<int>(e - base < 32 ? e - base : 32);
+      const int iters = (n + G - 1) / G;
+      for (int kk = 0; kk < iters; kk += 4) {
+        index_t jj[4];
+        float ww[4];
+        bool ok[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int k = (kk + u) * G + grp;
+          jj[u] = __shfl_sync(kFull, j, k & 31);
+          ww[u] = __shfl_sync(kFull, w, k & 31);
+          ok[u] = active && k < n;
+        }
+        float xv[4][V];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (ok[u]) {
+            IO::load(p.x + static_cast<int64_t>(jj[u]) * F + f, xv[u]);
+          } else {
+#pragma unroll
+            for (int v = 0; v < V; ++v) xv[u][v] = 0.f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float wu = ok[u] ? ww[u] : 0.f;
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[v] = fmaf(wu, xv[u][v], acc[v]);
+        }
+      }
+    }
+    for (int off = L; off < 32; off <<= 1) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] += __shfl_xor_sync(kFull, acc[v], off);
+    }
+    if (grp == 0 && active) {
+      if (slot >= 0) {
+        store_partial<scalar_t, V>(p.partial + static_cast<int64_t>(slot) * F + f, acc);
+      } else {
+        if (p.diag != nullptr && row < p.n_diag) {
+          const float dd = p.diag[row] * (p.cs != nullptr ? p.cs[row] : 1.f);
+          float xr[V];
+          IO::load(p.x + row * F + f, xr);
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[v] = fmaf(dd, xr[v], acc[v]);
+        }
+        if (has_dense) {
+          float dv[V];
+          IO::load_rw(p.out + row * F + f, dv);
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[v] += dv[v];
+        }
+        if (p.rs != nullptr) {
+          const float r = p.rs[row];
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[v] *= r;
+        }
+        IO::store(p.out + row * F + f, acc);
+      }
+    }
+  }
+}
+
+template <typename scalar_t, typename index_t>
+__global__ void __launch_bounds__(kSparseWarps * 32) ba_sparse_kernel(const SparseParams<scalar_t, index_t> p) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kSparseWarps + threadIdx.x / 32;
+  if (item >= p.n_items) return;  // whole warps leave together
+  const int lane = threadIdx.x & 31;
+  const int64_t row = p.item_row[item];
+  const int64_t b = p.item_ptr[item], e = p.item_ptr[item + 1];
+  const int slot = p.item_slot[item];
+  if (p.vec) {
+    sparse_item<kVec<scalar_t>>(p, row, b, e, slot, lane);
+  } else {
+    sparse_item<1>(p, row, b, e, slot, lane);
+  }
+}
+
+// ------------------------------------------------------------------ 3. split rows
+template <typename scalar_t>
+__global__ void __launch_bounds__(kSparseWarps * 32)
+    ba_combine_kernel(const int64_t* __restrict__ split_row, const int* __restrict__ split_ptr,
+                      const float* __restrict__ partial, const int* __restrict__ dpanel_ptr,
+                      const scalar_t* __restrict__ x, const float* __restrict__ rs, const float* __restrict__ cs,
+                      const float* __restrict__ diag, scalar_t* __restrict__ out, int64_t n_split, int64_t n_diag,
+                      int64_t F) {
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * kSparseWarps + threadIdx.x / 32;
+  if (s >= n_split) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = split_row[s];
+  const int64_t s0 = split_ptr[s], s1 = split_ptr[s + 1];
+  const bool has_dense = dpanel_ptr[(row >> 5) + 1] > dpanel_ptr[row >> 5];
+  const float dd = (diag != nullptr && row < n_diag) ? diag[row] * (cs != nullptr ? cs[row] : 1.f) : 0.f;
+  const float r = rs != nullptr ? rs[row] : 1.f;
+  for (int64_t f = lane; f < F; f += 32) {
+    float acc = 0.f;
+    for (int64_t q = s0; q < s1; ++q) acc += partial[q * F + f];
+    if (diag != nullptr && row < n_diag) acc = fmaf(dd, to_float(x[row * F + f]), acc);
+    if (has_dense) acc += to_float(out[row * F + f]);
+    out[row * F + f] = from_float<scalar_t>(acc * r);
+  }
+}
+
+// ------------------------------------------------------------------ host side
+template <typename T>
+const T* ptr_or_null(const at::Tensor& t) {
+  return t.numel() ? t.data_ptr<T>() : nullptr;
+}
+
+template <typename scalar_t, bool WEIGHTED, int MODE>
+void launch_dense(const DenseParams<scalar_t>& p, int64_t n_work, cudaStream_t stream) {
+  using Cfg = DenseCfg<scalar_t>;
+  const int64_t chunks = (p.F + Cfg::FC - 1) / Cfg::FC;  // <= 65535: checked by block_adaptive_max_features
+  const dim3 grid(static_cast<unsigned>(n_work), static_cast<unsigned>(chunks));
+  ba_dense_kernel<scalar_t, WEIGHTED, MODE><<<grid, 128, 0, stream>>>(p);
+}
+
+template <typename scalar_t, typename index_t>
+cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, const at::Tensor& partial,
+                bool tf32) {
+  const at::Tensor& dpanel_ptr = plan[1];
+  const at::Tensor& dwork = plan[2];
+  const at::Tensor& dtile_cp = plan[3];
+  const at::Tensor& dtile_bits = plan[4];
+  const at::Tensor& dtile_roff = plan[5];
+  const at::Tensor& dense_eid = plan[6];
+  const at::Tensor& rem_col = plan[7];
+  const at::Tensor& rem_eid = plan[8];
+  const at::Tensor& item_ptr = plan[9];
+  const at::Tensor& item_row = plan[10];
+  const at::Tensor& item_slot = plan[11];
+  const at::Tensor& split_row = plan[12];
+  const at::Tensor& split_ptr = plan[13];
+
+  const int64_t n_rows = a.n_rows, n_cols = a.x.size(0), F = a.x.size(1);
+  const int64_t n_items = item_row.numel(), n_split = split_row.numel();
+  const bool weighted = a.values.has_value();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  constexpr int V = kVec<scalar_t>;
+  const bool vec = F % V == 0 && reinterpret_cast<uintptr_t>(a.x.data_ptr()) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
+  const float* values = weighted ? a.values->data_ptr<float>() : nullptr;
+  const float* rs = data_or_null<float>(a.row_scale);
+  const float* cs = data_or_null<float>(a.col_scale);
+  const float* diag = data_or_null<float>(a.diag);
+  const int64_t n_diag = a.diag ? std::min(n_rows, n_cols) : 0;
+
+  // 1. dense tiles
+  const int64_t n_work = dwork.numel();
+  if (n_work > 0) {
+    DenseParams<scalar_t> dp{dpanel_ptr.data_ptr<int>(),
+                             dwork.data_ptr<int>(),
+                             dtile_cp.data_ptr<int>(),
+                             reinterpret_cast<const uint32_t*>(dtile_bits.data_ptr<int>()),
+                             weighted ? dtile_roff.data_ptr<int64_t>() : nullptr,
+                             weighted ? ptr_or_null<int64_t>(dense_eid) : nullptr,
+                             values,
+                             a.x.data_ptr<scalar_t>(),
+                             cs,
+                             out.data_ptr<scalar_t>(),
+                             n_rows,
+                             n_cols,
+                             F,
+                             vec};
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (weighted) {
+        tf32 ? launch_dense<float, true, 0>(dp, n_work, stream) : launch_dense<float, true, 1>(dp, n_work, stream);
+      } else {
+        tf32 ? launch_dense<float, false, 0>(dp, n_work, stream) : launch_dense<float, false, 1>(dp, n_work, stream);
+      }
+    } else {
+      weighted ? launch_dense<scalar_t, true, 0>(dp, n_work, stream) : launch_dense<scalar_t, false, 0>(dp, n_work, stream);
+    }
+  }
+
+  // 2. sparse remainder (+ diag, dense partial, row scale)
+  {
+    const int64_t lanes_needed = vec ? (F + V - 1) / V : F;
+    int lanes = 1;
+    while (lanes < lanes_needed && lanes < 32) lanes <<= 1;
+    SparseParams<scalar_t, index_t> sp{ptr_or_null<index_t>(rem_col),
+                                       weighted ? ptr_or_null<index_t>(rem_eid) : nullptr,
+                                       item_ptr.data_ptr<index_t>(),
+                                       item_row.data_ptr<index_t>(),
+                                       item_slot.data_ptr<int>(),
+                                       dpanel_ptr.data_ptr<int>(),
+                                       values,
+                                       a.x.data_ptr<scalar_t>(),
+                                       rs,
+                                       cs,
+                                       diag,
+                                       out.data_ptr<scalar_t>(),
+                                       partial.data_ptr<float>(),
+                                       n_items,
+                                       n_diag,
+                                       F,
+                                       lanes,
+                                       vec};
+    const int64_t blocks = (n_items + kSparseWarps - 1) / kSparseWarps;
+    ba_sparse_kernel<scalar_t, index_t><<<static_cast<unsigned>(blocks), kSparseWarps * 32, 0, stream>>>(sp);
+  }
+
+  // 3. rows split over several items
+  if (n_split > 0) {
+    const int64_t blocks = (n_split + kSparseWarps - 1) / kSparseWarps;
+    ba_combine_kernel<scalar_t><<<static_cast<unsigned>(blocks), kSparseWarps * 32, 0, stream>>>(
+        split_row.data_ptr<int64_t>(), split_ptr.data_ptr<int>(), partial.data_ptr<float>(),
+        dpanel_ptr.data_ptr<int>(), a.x.data_ptr<scalar_t>(), rs, cs, diag, out.data_ptr<scalar_t>(), n_split,
+        n_diag, F);
+  }
+  return cudaGetLastError();
+}
+
+template <typename scalar_t>
+cudaError_t run_index(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, const at::Tensor& partial,
+                      bool tf32) {
+  if (a.rowptr.scalar_type() == at::kInt) return run<scalar_t, int32_t>(a, plan, out, partial, tf32);
+  return run<scalar_t, int64_t>(a, plan, out, partial, tf32);
+}
+
+}  // namespace
+
+int64_t block_adaptive_max_features(at::ScalarType dtype) {
+  return 65535 * (dtype == at::kFloat ? DenseCfg<float>::FC : DenseCfg<at::Half>::FC);
+}
+
+cudaError_t launch_block_adaptive_spmm(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out,
+                                       const at::Tensor& partial, bool tf32) {
+  switch (a.x.scalar_type()) {
+    case at::kFloat:
+      return run_index<float>(a, plan, out, partial, tf32);
+    case at::kHalf:
+      return run_index<at::Half>(a, plan, out, partial, tf32);
+    default:
+      return run_index<at::BFloat16>(a, plan, out, partial, tf32);
+  }
+}
+
+}  // namespace fgplugin

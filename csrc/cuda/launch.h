@@ -1,0 +1,14 @@
+// Launchers of the simple CSR kernels (spmm_cuda.cu). They run on the current stream, never throw,
+// and return the launch's cudaError_t; arguments are checked before (spmm.h).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "../spmm.h"
+
+namespace fgplugin {
+
+cudaError_t launch_spmm_csr(const SpmmArgs& a, const at::Tensor& out);
+cudaError_t launch_sddmm_csr(const SddmmArgs& a, const at::Tensor& out);
+
+}  // namespace fgplugin

@@ -1,0 +1,320 @@
+"""The block-adaptive CUDA SpMM (csrc/cuda/block_adaptive_spmm.cu) against the float64 reference.
+
+Every plan path (all tiles dense, the default threshold, no dense tiles, other tile sizes) on the
+graph-case registry and on fresh random graphs with hubs and dense blocks; fp32 (<= 1e-5), TF32
+(<= 5e-3), bf16 (<= 2e-2) and fp16; F in (1, 7, 32, 33, 128, 130); rectangular shapes, int64
+indices, weights, scales and diag; forward and backward (gradients compared with the CPU op).
+The kernel allocates its output, so the "poison" check is: no NaN where the reference has none.
+
+The plan builder itself is checked on any machine by executing the plan's semantics in float64
+(test_plan_semantics_cpu).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import fgplugin
+from fgplugin.kernel_plan import build_plan, kernel_plans, plan_for
+from fgplugin.tiling import TiledAdjacency
+
+try:
+    from fgplugin.testing import dense_spmm, rel_error
+    from fgplugin import testing as _testing
+
+    def registry():
+        cases = getattr(_testing, "GRAPH_CASES", None)
+        return list(cases) if cases is not None else _testing.graph_cases()
+except ImportError:  # the registry is not there yet: a few cases of our own
+    _testing = None
+
+    def dense_spmm(a, x, row_scale=None, col_scale=None, diag=None):
+        a = a.double().clone()
+        if diag is not None:
+            n = diag.numel()
+            a[:n, :n] += torch.diag(diag.double())
+        if col_scale is not None:
+            a = a * col_scale.double().unsqueeze(0)
+        if row_scale is not None:
+            a = a * row_scale.double().unsqueeze(1)
+        return a @ x.double()
+
+    def rel_error(out, ref):
+        out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+        scale = torch.linalg.vector_norm(ref)
+        diff = torch.linalg.vector_norm(out - ref)
+        return float(diff if scale == 0 else diff / scale)
+
+    def registry():
+        return [_Case(f"rand{s}", *_clustered(s)) for s in range(4)]
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (block-adaptive kernel)")
+requires_kernel = pytest.mark.skipif(
+    not (torch.cuda.is_available() and fgplugin.extension_status().cuda),
+    reason="the CUDA extension is not built: " + (fgplugin.extension_status().reason or "no GPU"))
+
+TOL = {"fp32": 1e-5, "tf32": 5e-3, "bf16": 2e-2, "fp16": 1e-2}
+DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _Case:
+    def __init__(self, name, edge_index, num_nodes=None, size=None, edge_weight=None):
+        self.name, self.edge_index, self.num_nodes, self.size, self.edge_weight = name, edge_index, num_nodes, size, edge_weight
+
+    @property
+    def shape(self):
+        return (self.size[1], self.size[0]) if self.size is not None else (self.num_nodes, self.num_nodes)
+
+    def dense(self):
+        w = torch.ones(self.edge_index.shape[1], dtype=torch.float64) if self.edge_weight is None \
+            else self.edge_weight.double()
+        return torch.zeros(self.shape, dtype=torch.float64).index_put_((self.edge_index[1], self.edge_index[0]), w,
+                                                                       accumulate=True)
+
+
+def _clustered(seed, n_src=None, n_dst=None, weighted=False):
+    """Communities (dense tiles after ordering) + uniform noise + a hub row + an empty tail."""
+    g = torch.Generator().manual_seed(seed)
+    n_src = n_src or int(torch.randint(40, 300, (1,), generator=g))
+    n_dst = n_dst or n_src
+    comm = 24
+    parts = []
+    for start in range(0, min(n_src, n_dst) - comm, comm * 2):
+        k = comm * comm // 3
+        parts.append(torch.stack([start + torch.randint(0, comm, (k,), generator=g),
+                                  start + torch.randint(0, comm, (k,), generator=g)]))
+    parts.append(torch.stack([torch.randint(0, n_src, (4 * n_dst,), generator=g),
+                              torch.randint(0, n_dst, (4 * n_dst,), generator=g)]))
+    hub = torch.randint(0, n_src, (min(3 * n_src, 900),), generator=g)
+    parts.append(torch.stack([hub, torch.full_like(hub, n_dst // 2)]))  # hub row: many in-edges
+    edges = torch.cat(parts, dim=1)
+    edges = edges[:, edges[1] < n_dst - 3]  # the last rows stay empty
+    weight = torch.rand(edges.shape[1], generator=g) + 0.25 if weighted else None
+    square = n_src == n_dst
+    return edges, (n_src if square else None), (None if square else (n_src, n_dst)), weight
+
+
+@contextlib.contextmanager
+def precision(mode):
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _adj(case, **options):
+    options.setdefault("threshold", getattr(case, "threshold", 0.05))
+    return TiledAdjacency.from_edge_index(case.edge_index, case.num_nodes, case.edge_weight, size=case.size,
+                                          **options)
+
+
+def _inputs(case, F, dtype, seed, scales=True, device="cuda"):
+    g = torch.Generator().manual_seed(seed)
+    n_dst, n_src = case.shape
+    x = torch.randn(n_src, F, generator=g).to(dtype)
+    if not scales:
+        return x.to(device), None, None, None
+    rs = torch.rand(n_dst, generator=g) + 0.5
+    cs = torch.rand(n_src, generator=g) + 0.5
+    d = torch.rand(min(n_dst, n_src), generator=g)
+    return x.to(device), rs.to(device), cs.to(device), d.to(device)
+
+
+def _run(adj, plan, x, rs, cs, d):
+    values = None if adj.values is None else adj.values.float()
+    return torch.ops.fgplugin.spmm.default(adj.rowptr, adj.col, values, x, rs, cs, d, None, None, None, plan, [])
+
+
+def _check(case, out, x, rs, cs, d, tol, what):
+    ref = dense_spmm(case.dense(), x.double().cpu(), None if rs is None else rs.cpu(),
+                     None if cs is None else cs.cpu(), None if d is None else d.cpu())
+    assert out.shape == ref.shape, what
+    assert out.dtype == x.dtype, what
+    nan_out = torch.isnan(out.float().cpu())
+    assert not (nan_out & ~torch.isnan(ref)).any(), f"{what}: NaN (unwritten or wrong) elements in the output"
+    err = rel_error(out.float(), ref)
+    assert err <= tol, f"{what}: relative error {err:.2e} > {tol:.0e}"
+
+
+# --------------------------------------------------------------------------- CPU: plan semantics
+def _emulate(plan, adj, x, rs, cs, d):
+    (_, dpanel_ptr, _, dtile_cp, bits, roff, deid, rem_col, rem_eid, item_ptr, item_row, *_rest) = [
+        t.cpu() for t in plan]
+    values = None if adj.values is None else adj.values.double().cpu()
+    n_rows, n_cols = adj.shape
+    xc = x.double() * (cs.double()[:, None] if cs is not None else 1.0)
+    out = torch.zeros(n_rows, x.shape[1], dtype=torch.float64)
+    for p in range(dpanel_ptr.numel() - 1):
+        for t in range(int(dpanel_ptr[p]), int(dpanel_ptr[p + 1])):
+            for r in range(32):
+                w, k = int(bits[t * 32 + r]) & 0xFFFFFFFF, 0
+                for b in range(32):
+                    if (w >> b) & 1:
+                        v = 1.0 if values is None else float(values[int(deid[int(roff[t * 32 + r]) + k])])
+                        k += 1
+                        out[p * 32 + r] += v * xc[int(dtile_cp[t]) * 32 + b]
+    for it in range(item_row.numel()):
+        for e in range(int(item_ptr[it]), int(item_ptr[it + 1])):
+            v = 1.0 if values is None else float(values[int(rem_eid[e])])
+            out[int(item_row[it])] += v * xc[int(rem_col[e])]
+    if d is not None:
+        out[:d.numel()] += d.double()[:, None] * xc[:d.numel()]
+    return out * (rs.double()[:, None] if rs is not None else 1.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("tile_size,threshold,chunk", [(32, 0.05, 16), (16, 0.02, 5), (64, 0.08, 256), (32, 1.0, 3),
+                                                       (32, 0.0, 7)])
+def test_plan_semantics_cpu(seed, tile_size, threshold, chunk):
+    edges, n, size, w = _clustered(seed, weighted=seed % 2 == 1, n_dst=None if seed != 2 else 90)
+    case = _Case("c", edges, n, size, w)
+    adj = _adj(case, index_dtype=torch.int64 if seed == 1 else None)
+    plan = build_plan(adj.rowptr, adj.col, adj.shape, tile_size=tile_size, threshold=threshold,
+                      weighted=w is not None, chunk=chunk)
+    x, rs, cs, d = _inputs(case, 3, torch.float64, seed, device="cpu")
+    err = rel_error(_emulate(plan, adj, x, rs, cs, d), dense_spmm(case.dense(), x, rs, cs, d))
+    assert err < 1e-12
+    # split rows: slots of a row are consecutive, in item order
+    item_row, item_slot, split_row, split_ptr = plan[10], plan[11], plan[12], plan[13]
+    for s in range(split_row.numel()):
+        items = (item_row == split_row[s]).nonzero().squeeze(1)
+        assert item_slot[items].tolist() == list(range(int(split_ptr[s]), int(split_ptr[s + 1])))
+    assert bool((item_slot[(item_row[:, None] != split_row[None, :]).all(1)] == -1).all())
+
+
+def test_cpu_plans_stay_empty():
+    case = _Case("c", *_clustered(0))
+    adj = _adj(case)
+    assert kernel_plans(adj, torch.randn(adj.shape[1], 4), True) == ([], [])
+
+
+# --------------------------------------------------------------------------- GPU
+VARIANTS = [(32, None), (32, 0.0), (32, 1.0), (16, 0.02), (64, 0.05)]  # (tile size, threshold; None = case's)
+
+
+@requires_kernel
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"T{v[0]}-thr{v[1]}")
+@pytest.mark.parametrize("F", [1, 7, 33, 128])
+def test_registry_fp32(variant, F):
+    tile_size, threshold = variant
+    for case in registry():
+        for index_dtype in (None, torch.int64):
+            adj = _adj(case, index_dtype=index_dtype).to("cuda")
+            thr = adj.tiles.threshold if threshold is None else threshold
+            plan = build_plan(adj.rowptr, adj.col, adj.shape, tile_size=tile_size, threshold=thr,
+                              weighted=adj.values is not None, chunk=8)
+            for scales in (False, True):
+                x, rs, cs, d = _inputs(case, F, torch.float32, F + 7 * scales)
+                with precision("fp32"):
+                    out = _run(adj, plan, x, rs, cs, d)
+                _check(case, out, x, rs, cs, d, TOL["fp32"], f"{case.name} {variant} F={F} idx={index_dtype} "
+                                                              f"scales={scales}")
+
+
+@requires_kernel
+@pytest.mark.parametrize("mode", ["tf32", "bf16", "fp16"])
+@pytest.mark.parametrize("F", [7, 32, 130])
+def test_registry_low_precision(mode, F):
+    for case in registry():
+        adj = _adj(case).to("cuda")
+        for threshold in (0.0, adj.tiles.threshold):
+            plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold, weighted=adj.values is not None)
+            x, rs, cs, d = _inputs(case, F, DTYPE[mode], F)
+            with precision(mode):
+                out = _run(adj, plan, x, rs, cs, d)
+            _check(case, out, x, rs, cs, d, TOL[mode], f"{case.name} {mode} thr={threshold} F={F}")
+
+
+@requires_kernel
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "bf16", "fp16"])
+@pytest.mark.parametrize("F", [1, 32, 33, 64, 128, 130, 256])
+def test_fresh_random_graphs(fresh_seed, mode, F):
+    for k in range(3):
+        seed = fresh_seed + k
+        rect = k == 1
+        edges, n, size, w = _clustered(seed, n_src=200 if rect else None, n_dst=137 if rect else None,
+                                       weighted=k == 2)
+        case = _Case(f"fresh{seed}", edges, n, size, w)
+        adj = _adj(case, index_dtype=torch.int64 if k == 2 else None).to("cuda")
+        for threshold in (0.02, 0.05, 0.10):
+            plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold, weighted=w is not None, chunk=32)
+            x, rs, cs, d = _inputs(case, F, DTYPE[mode], seed)
+            with precision(mode):
+                out = _run(adj, plan, x, rs, cs, d)
+            _check(case, out, x, rs, cs, d, TOL[mode], f"seed={seed} {mode} F={F} thr={threshold}")
+
+
+@requires_kernel
+def test_deterministic():
+    case = _Case("c", *_clustered(5, n_src=3000, weighted=True))
+    adj = _adj(case).to("cuda")
+    plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=0.03, weighted=True, chunk=16)
+    x, rs, cs, d = _inputs(case, 96, torch.float32, 5)
+    first = _run(adj, plan, x, rs, cs, d)
+    for _ in range(3):
+        assert torch.equal(_run(adj, plan, x, rs, cs, d), first)
+
+
+@requires_kernel
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("square", [True, False])
+def test_forward_backward_through_fgplugin_spmm(weighted, square):
+    """fgplugin.spmm builds the plans itself (forward and transpose); grads match the CPU op."""
+    edges, n, size, w = _clustered(11, n_src=None if square else 180, n_dst=None if square else 100,
+                                   weighted=weighted)
+    case = _Case("c", edges, n, size, w)
+    adj_cpu = _adj(case, threshold=0.03)
+    adj = adj_cpu.to("cuda")
+    x_cpu, rs, cs, d = _inputs(case, 40, torch.float32, 3, device="cpu")
+    results = {}
+    for name, a, dev in (("cpu", adj_cpu, "cpu"), ("cuda", adj, "cuda")):
+        x = x_cpu.to(dev).requires_grad_()
+        scales = [t.to(dev).requires_grad_() for t in (rs, cs, d)]
+        with precision("fp32"):
+            out = fgplugin.spmm(a, x, *scales)
+            g = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(dev)
+            (out * g).sum().backward()
+        results[name] = [out.detach().cpu(), x.grad.cpu()] + [s.grad.cpu() for s in scales]
+    if weighted is False:
+        assert plan_for(adj, threshold=0.03, weighted=False) is not None
+    for a, b in zip(results["cpu"], results["cuda"]):
+        assert rel_error(b, a) <= 1e-5
+
+
+@requires_kernel
+def test_bf16_backward_and_plan_cache():
+    case = _Case("c", *_clustered(3, n_src=500))
+    adj = _adj(case).to("cuda")
+    x = torch.randn(adj.shape[1], 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = fgplugin.spmm(adj, x, *adj.norm("gcn"))
+    out.float().sum().backward()
+    assert x.grad is not None and not torch.isnan(x.grad.float()).any()
+    p1, _ = kernel_plans(adj, x, False)
+    p2, _ = kernel_plans(adj, x, False)
+    assert p1 and all(a is b for a, b in zip(p1, p2))  # cached, not rebuilt
+
+
+@requires_kernel
+def test_auto_threshold_probe():
+    from fgplugin.autotune import CANDIDATES, choose_threshold
+
+    case = _Case("c", *_clustered(4, n_src=2000))
+    adj = _adj(case).to("cuda")
+    x = torch.randn(adj.shape[1], 128, device="cuda")
+    best = choose_threshold(adj, x)
+    assert best in CANDIDATES
+    assert choose_threshold(adj, x) == best  # cached
+
+
+@requires_kernel
+def test_plan_mismatch_is_an_error():
+    a = _adj(_Case("a", *_clustered(0, n_src=100))).to("cuda")
+    b = _adj(_Case("b", *_clustered(1, n_src=200))).to("cuda")
+    plan = build_plan(b.rowptr, b.col, b.shape)
+    with pytest.raises(RuntimeError, match="plan"):
+        _run(a, plan, torch.randn(a.shape[1], 8, device="cuda"), None, None, None)
