@@ -1,0 +1,465 @@
+"""The ``scaling`` suite (BENCHMARKS.md): full-batch 2-layer GCN epochs on 1, 2 and 4 GPUs of one host.
+
+    NCCL_NVLS_ENABLE=0 python benchmarks/scaling.py                  # whole suite -> $OUT/scaling.json
+    python benchmarks/scaling.py --quick                             # small smoke run
+    python benchmarks/scaling.py --quick --backend gloo --gpus 1 2   # CPU smoke run (gloo)
+
+The driver runs one ``torchrun --nproc_per_node=G`` job per GPU count G (in one machine job),
+each worker process generating the graphs on its own GPU (same seed = same graph), then merges
+their rows into ``$OUT/scaling.json`` (``--out``) with a markdown table beside it.
+
+Per graph and GPU count it measures, for every sharding (1D; 1.5D r=2 when G >= 4), exchange mode
+(``sparse``: only the feature rows a rank's non-zeros touch, point to point; ``broadcast``: the
+paper's whole-block broadcast) and ordering (``original``; ``<method>``: whole-graph reordering,
+which also clusters nodes into the row blocks and so cuts communication; ``<method>-blockwise<q>``:
+Algorithm 2 with one part per row block, node ids kept in their block):
+
+- ``ms_median/min/max``: training epoch (forward, backward, gradient all-reduce, Adam), CUDA
+  events on each rank, median of ``--epochs`` after warm-up, slowest rank;
+- ``spmm_ms``: SpMM kernel time per epoch (the slowest rank), ``comm_ms``: *exposed*
+  communication (time the rank's stream waited for a transfer; hidden transfers cost nothing),
+  ``compute_ms`` = epoch - comm; ``imbalance`` = max / mean over ranks of the SpMM time;
+- ``peak_mem_bytes``: largest per-rank peak of the run itself (shard, activations, buffers;
+  the generated whole graph each worker keeps for the next configuration is subtracted);
+- ``recv_bytes``: feature bytes received per epoch by the busiest rank.
+
+``gpus=1`` rows include plain single-GPU fgplugin (``impl`` ``fgplugin``: ``spmm`` on the whole
+graph, no sharding code), the reference of the 4-GPU speedup target.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HIDDEN = {"products-like": 64}  # BENCHMARKS.md graph table; 128 elsewhere
+
+
+# ============================================================================ driver
+def driver(args) -> int:
+    out_dir = Path(args.out or os.environ.get("OUT") or "benchmarks/results/local")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "4"),
+               PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    rows, started = [], time.time()
+    for gpus in args.gpus:
+        part = out_dir / f".scaling_part_{gpus}.json"
+        part.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
+               __file__, "--worker", "--part", str(part), "--cache", args.cache,
+               *_forward_args(args)]
+        print(f"=== {gpus} rank(s): {' '.join(cmd[2:])}", flush=True)
+        try:
+            proc = subprocess.run(cmd, env=env, timeout=args.launch_timeout)
+            status = f"exit code {proc.returncode}" if proc.returncode else None
+        except subprocess.TimeoutExpired:
+            status = f"killed after {args.launch_timeout} s"
+        got = json.loads(part.read_text()) if part.exists() else []
+        rows += got
+        if status:
+            print(f"!!! {gpus}-rank job: {status}; kept its {len(got)} finished rows", flush=True)
+            rows.append({"gpus": gpus, "ms_median": None, "error": f"job {status}"})
+    result = _header(args) | {"rows": rows, "wall_s": round(time.time() - started, 1)}
+    path = out_dir / "scaling.json"
+    path.write_text(json.dumps(result, indent=1))
+    table = _table(rows)
+    (out_dir / "scaling.md").write_text(f"# scaling ({result['device']})\n\n`{result['command']}`\n\n{table}\n")
+    print(table)
+    print(f"wrote {path} ({len(rows)} rows, {result['wall_s']} s)")
+    return 0
+
+
+def _forward_args(args) -> list[str]:
+    out = ["--graphs", *args.graphs, "--method", args.method, "--comm", *args.comm, "--orders", *args.orders,
+           "--epochs", str(args.epochs), "--warmup", str(args.warmup), "--seed", str(args.seed)]
+    if args.quick:
+        out.append("--quick")
+    if args.backend:
+        out += ["--backend", args.backend]
+    return out
+
+
+def _header(args) -> dict:
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.backend != "gloo" else "cpu"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    return {"suite": "scaling", "device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "commit": commit, "command": " ".join(["python", "benchmarks/scaling.py", *sys.argv[1:]]),
+            "env": {"NCCL_NVLS_ENABLE": "0"}}
+
+
+def _table(rows) -> str:
+    head = ("graph", "gpus", "scheme", "r", "impl", "order", "ms", "spmm", "comm", "imbal", "peak GB", "recv MB")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+    for r in rows:
+        if r.get("ms_median") is None:
+            lines.append(f"| {r.get('graph', '-')} | {r.get('gpus')} | {r.get('scheme', '-')} | {r.get('replication', '-')} "
+                         f"| {r.get('impl', '-')} | {r.get('order', '-')} | error: {str(r.get('error'))[:60]} |")
+            continue
+        lines.append(f"| {r['graph']} | {r['gpus']} | {r['scheme']} | {r['replication']} | {r['impl']} | {r['order']} "
+                     f"| {f(r['ms_median'])} | {f(r.get('spmm_ms'))} | {f(r.get('comm_ms'))} | {f(r.get('imbalance'), 3)} "
+                     f"| {f(r['peak_mem_bytes'] / 1e9 if r.get('peak_mem_bytes') is not None else None)} "
+                     f"| {f(r['recv_bytes'] / 1e6 if r.get('recv_bytes') is not None else None, 1)} |")
+    return "\n".join(lines)
+
+
+# ============================================================================ worker
+def worker(args) -> int:
+    import torch
+    import torch.distributed as dist
+
+    import torch
+
+    from fgplugin.distributed import ShardingContext, init_distributed
+
+    device = init_distributed(args.backend, timeout=300)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows: list[dict] = []
+    contexts = {}
+
+    def flush():
+        if rank == 0:
+            Path(args.part).write_text(json.dumps(rows, indent=1))
+
+    for name in args.graphs:
+        try:
+            data = _graph(name, args, device)
+        except Exception as err:  # noqa: BLE001 -- keep the row, go on with the next graph
+            rows.append({"graph": name, "gpus": world, "ms_median": None, "error": _short(err)})
+            flush()
+            continue
+        for order, parts in _orders(args, world):
+            perm = None
+            if order != "original":
+                try:
+                    perm = _perm(data, args.method, parts, args, device)
+                except Exception as err:  # noqa: BLE001
+                    rows.append({"graph": name, "gpus": world, "order": _order_name(args.method, parts),
+                                 "ms_median": None, "error": _short(err)})
+                    flush()
+                    continue
+            label = "original" if perm is None else _order_name(args.method, parts)
+            for replication in _replications(world):
+                q = world // replication
+                # Block-wise orderings belong to one block count; whole-graph / original to all.
+                if parts > 1 and parts != q:
+                    continue
+                for comm in args.comm:
+                    if world == 1 and comm != args.comm[0]:
+                        continue  # nothing to exchange on one rank
+                    if (replication, comm) not in contexts:  # new_group is collective and costs: create once
+                        mode, _, wire = comm.partition("-")
+                        contexts[replication, comm] = ShardingContext(
+                            replication, comm=mode, comm_dtype=torch.bfloat16 if wire == "bf16" else None)
+                    rows.append(_run_config(data, perm, label, contexts[replication, comm], args, device))
+                    if rank == 0:
+                        _print_row(rows[-1])
+                    flush()
+            if world == 1 and order != "blockwise":
+                rows.append(_run_single(data, perm, label, args, device))
+                if rank == 0:
+                    _print_row(rows[-1])
+                flush()
+        del data
+        _empty_cache(device)
+    flush()
+    dist.destroy_process_group()
+    return 0
+
+
+def _orders(args, world):
+    """(order kind, parts) pairs to measure on this world size."""
+    out = []
+    for kind in args.orders:
+        if kind == "original":
+            out.append(("original", 1))
+        elif kind == "whole":
+            out.append(("whole", 1))
+        elif kind == "blockwise" and world > 1:
+            out += [("blockwise", world // r) for r in _replications(world)]
+    return out
+
+
+def _replications(world):
+    return [1] + ([2] if world >= 4 else [])
+
+
+def _order_name(method, parts):
+    return method if parts == 1 else f"{method}-blockwise{parts}"
+
+
+def _graph(name, args, device):
+    import torch
+
+    from fgplugin.datasets import community_graph
+
+    t = time.perf_counter()
+    data = community_graph("small" if args.quick else name, seed=args.seed, device=device)
+    data.name = name
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    data.meta["generate_s"] = time.perf_counter() - t
+    return data
+
+
+def _perm(data, method, parts, args, device):
+    """Rank 0 computes the ordering (or reads it from the cache the earlier jobs wrote) and
+    broadcasts it, so every rank shards with the same one."""
+    import torch
+    import torch.distributed as dist
+
+    perm = torch.empty(data.num_nodes, dtype=torch.long, device=device)
+    if dist.get_rank() == 0:
+        cache = Path(args.cache) / f"{data.name}{'-quick' if args.quick else ''}-seed{args.seed}-{method}-parts{parts}.pt"
+        if cache.exists():
+            perm.copy_(torch.load(cache, weights_only=True))
+        else:
+            from fgplugin.reorder import reorder
+
+            t = time.perf_counter()
+            perm.copy_(reorder(data.edge_index, method, num_nodes=data.num_nodes, parts=parts))
+            print(f"reorder {data.name} {method} parts={parts}: {time.perf_counter() - t:.2f} s", flush=True)
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(perm.to(torch.int32).cpu(), cache)
+    dist.broadcast(perm, 0)
+    return perm
+
+
+def _run_config(data, perm, label, ctx, args, device) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from fgplugin.distributed import DistGCN, DistributedTrainer, Profiler, ShardedGraph
+
+    world, replication = dist.get_world_size(), ctx.replication
+    comm = ctx.comm + ("-bf16" if ctx.comm_dtype == torch.bfloat16 else "")
+    row = {"graph": data.name, "order": label, "impl": f"fgplugin-dist-{comm}", "op": "epoch",
+           "F": data.num_features, "hidden": HIDDEN.get(data.name, 128), "precision": "fp32", "gpus": world,
+           "scheme": "1d" if replication == 1 else "1.5d", "replication": replication, "comm": comm,
+           "num_nodes": data.num_nodes, "nnz": data.num_edges}
+    graph = trainer = None
+    try:
+        base = _mem_reset(device)
+        t = time.perf_counter()
+        graph = ShardedGraph.from_edge_index(ctx, data.edge_index, data.num_nodes, perm=perm,
+                                             extra_fingerprint=(data.num_features,))
+        x, y, train = graph.rows(data.x), graph.rows(data.y), graph.rows(data.train_mask)
+        model = DistGCN((data.num_features, row["hidden"], data.num_classes)).to(device)
+        trainer = DistributedTrainer(model, graph, x, y, train, torch.optim.Adam(model.parameters(), lr=0.01))
+        _sync(device)
+        row["setup_s"] = _max(time.perf_counter() - t, device)
+        row["setup_peak_bytes"] = int(_max(_mem_peak(device) - base, device))
+        row["shard_bytes"] = int(_max(graph.nbytes, device))
+        _mem_reset(device)
+        times = _time_epochs(trainer, args, device)
+        peak = _mem_peak(device) - base
+        graph.profiler = Profiler(device)
+        split = []
+        for _ in range(max(3, args.epochs // 2)):
+            graph.profiler.reset()
+            trainer.step(metrics=False)
+            tot = graph.profiler.totals()
+            split.append((tot.get("spmm", 0.0), tot.get("comm", 0.0), graph.profiler.bytes_received))
+        graph.profiler = None
+        spmm_ms = statistics.median(s[0] for s in split)
+        comm_ms = statistics.median(s[1] for s in split)
+        row["loss"] = trainer.step()["loss"]
+        per_rank = _gather([statistics.median(times), min(times), max(times), spmm_ms, comm_ms, float(peak),
+                            float(split[-1][2])], device)
+        epoch = [r[0] for r in per_rank]
+        spmm = [r[3] for r in per_rank]
+        row |= {
+            "ms_median": max(epoch), "ms_min": max(r[1] for r in per_rank), "ms_max": max(r[2] for r in per_rank),
+            "spmm_ms": max(spmm), "comm_ms": max(r[4] for r in per_rank),
+            "compute_ms": max(r[0] - r[4] for r in per_rank),
+            "imbalance": max(spmm) / (sum(spmm) / len(spmm)) if sum(spmm) else None,
+            "peak_mem_bytes": int(max(r[5] for r in per_rank)), "recv_bytes": int(max(r[6] for r in per_rank)),
+            "per_rank": {"epoch_ms": epoch, "spmm_ms": spmm, "comm_ms": [r[4] for r in per_rank],
+                         "peak_mem_bytes": [int(r[5]) for r in per_rank], "recv_bytes": [int(r[6]) for r in per_rank]},
+        }
+    except Exception as err:  # noqa: BLE001 -- an OOM on every rank alike: record it and go on
+        row |= {"ms_median": None, "error": _short(err)}
+        if dist.get_rank() == 0:
+            traceback.print_exc()
+    del graph, trainer
+    _empty_cache(device)
+    return row
+
+
+def _run_single(data, perm, label, args, device) -> dict:
+    """Plain single-GPU fgplugin: the whole (reordered) graph, fgplugin.spmm, no sharding code."""
+    import torch
+    import torch.nn.functional as F
+
+    from fgplugin import TiledAdjacency
+    from fgplugin.distributed import DistGCN, FullGraph
+
+    row = {"graph": data.name, "order": label, "impl": "fgplugin", "op": "epoch", "F": data.num_features,
+           "hidden": HIDDEN.get(data.name, 128), "precision": "fp32", "gpus": 1, "scheme": "single",
+           "replication": 1, "comm": None, "num_nodes": data.num_nodes, "nnz": data.num_edges,
+           "comm_ms": 0.0, "imbalance": 1.0}
+    try:
+        base = _mem_reset(device)
+        ei, x, y, train = data.edge_index, data.x, data.y, data.train_mask
+        if perm is not None:
+            inv = torch.empty_like(perm)
+            inv[perm] = torch.arange(perm.numel(), device=perm.device)
+            ei, x, y, train = inv[ei], x[perm], y[perm], train[perm]
+        graph = FullGraph(TiledAdjacency.from_edge_index(ei, data.num_nodes))
+        del ei
+        idx = train.nonzero().squeeze(1)
+        model = DistGCN((data.num_features, row["hidden"], data.num_classes)).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+        class _Plain:  # the trainer interface _time_epochs uses
+            def step(self, metrics=False):
+                opt.zero_grad()
+                loss = F.cross_entropy(model(graph, x)[idx], y[idx])
+                loss.backward()
+                opt.step()
+                return {"loss": float(loss)} if metrics else {}
+
+        plain = _Plain()
+        _sync(device)
+        row["setup_peak_bytes"] = _mem_peak(device) - base
+        row["shard_bytes"] = graph.adj.nbytes
+        _mem_reset(device)
+        times = _time_epochs(plain, args, device)
+        row |= {"ms_median": statistics.median(times), "ms_min": min(times), "ms_max": max(times),
+                "peak_mem_bytes": _mem_peak(device) - base, "loss": plain.step(True)["loss"]}
+        row["compute_ms"] = row["ms_median"]
+        del graph, model, opt, x, y, train, plain
+    except Exception as err:  # noqa: BLE001
+        row |= {"ms_median": None, "error": _short(err)}
+        traceback.print_exc()
+    _empty_cache(device)
+    return row
+
+
+def _time_epochs(trainer, args, device) -> list[float]:
+    import torch
+
+    for _ in range(args.warmup):
+        trainer.step(metrics=False)
+    _sync(device)
+    times = []
+    for _ in range(args.epochs):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            trainer.step(metrics=False)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            trainer.step(metrics=False)
+            times.append(1e3 * (time.perf_counter() - t))
+    return times
+
+
+def _gather(values, device):
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [t.tolist() for t in out]
+
+
+def _max(value, device):
+    return max(r[0] for r in _gather([float(value)], device))
+
+
+def _sync(device):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _mem_reset(device) -> int:
+    import torch
+
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def _mem_peak(device) -> int:
+    import torch
+
+    return torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
+
+
+def _empty_cache(device):
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _short(err) -> str:
+    text = f"{type(err).__name__}: {err}"
+    return "OOM" if "out of memory" in text.lower() else text.splitlines()[0][:300]
+
+
+def _print_row(r):
+    if r.get("ms_median") is None:
+        print(f"{r['graph']:>14} {r['gpus']}x {r.get('scheme', '-'):>6} {r.get('impl', '-'):>22} "
+              f"{r.get('order', '-'):>22}  error: {r.get('error')}", flush=True)
+        return
+    print(f"{r['graph']:>14} {r['gpus']}x {r['scheme']:>6} {r['impl']:>22} {r['order']:>22}  "
+          f"{r['ms_median']:8.2f} ms  spmm {r.get('spmm_ms') or 0:7.2f}  comm {r.get('comm_ms') or 0:7.2f}  "
+          f"imbal {r.get('imbalance') or 0:5.3f}  peak {r['peak_mem_bytes'] / 1e9:6.2f} GB  loss {r.get('loss', 0):.3f}",
+          flush=True)
+
+
+# ============================================================================ CLI
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="fgplugin scaling suite (1, 2, 4 GPUs; 1D and 1.5D)")
+    ap.add_argument("--graphs", nargs="+", default=["products-like", "archaea-like"])
+    ap.add_argument("--gpus", nargs="+", type=int, default=[1, 2, 4])
+    ap.add_argument("--method", default="community", help="fgplugin.reorder method for whole-graph and block-wise")
+    ap.add_argument("--orders", nargs="+", default=["original", "whole", "blockwise"],
+                    choices=["original", "whole", "blockwise"])
+    ap.add_argument("--comm", nargs="+", default=["sparse", "broadcast", "sparse-bf16"],
+                    choices=["sparse", "broadcast", "sparse-bf16", "broadcast-bf16"],
+                    help="exchange modes; -bf16 sends feature blocks as bf16 (fp32 compute)")
+    ap.add_argument("--epochs", type=int, default=10, help="timed epochs per configuration (median reported)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="the 'small' preset instead of each graph, 5 epochs")
+    ap.add_argument("--backend", default=None, help="nccl (default on GPUs) or gloo (CPU smoke run)")
+    ap.add_argument("--out", default=None, help="output folder (default $OUT)")
+    ap.add_argument("--launch-timeout", type=int, default=420, help="seconds per torchrun job")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--part", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cache", default="/tmp/fgplugin_perm_cache",
+                    help="orderings computed by one job and reused by the next (outside $OUT: 10 MB each)")
+    args = ap.parse_args(argv)
+    if args.quick and args.epochs == 10:
+        args.epochs = 5
+    return worker(args) if args.worker else driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Process groups and block layout of row-wise sharding (PAPER.md section 1; DESIGN.md "Distributed").
+
+``p`` ranks, replication ``r``, ``q = p / r`` row blocks. Rank ``g * r + k`` holds row block ``g``
+(so the ``r`` replicas of a block are neighbours in rank order, usually on one host) and handles
+the column blocks ``J_k = {j : j % r == k}``. Two kinds of groups:
+
+- the *row group* of block ``g``: its ``r`` replicas, which all-reduce their partial products;
+- the *column group* ``k``: the ``q`` ranks ``(0, k), (1, k), ...``, one per row block, which
+  exchange the feature blocks of ``J_k`` (the owner of block ``j`` in that group is ``(j, k)``).
+
+1D is ``r = 1`` (no row groups, one column group = the world).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+#: Collective timeout (seconds) used by :func:`init_distributed` unless one is passed;
+#: ``FGPLUGIN_DIST_TIMEOUT`` overrides it. A dead or diverged rank surfaces as an error on the
+#: others after at most this long (gloo usually reports a dead peer at once: its socket closes).
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class RankFailureError(RuntimeError):
+    """A collective failed or timed out: another rank died, hung, or diverged."""
+
+
+def timeout_seconds() -> float:
+    """Collective timeout of the default group, or the one :func:`init_distributed` would use."""
+    if dist.is_initialized():
+        try:
+            group = dist.distributed_c10d._get_default_group()
+            device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+            return group._get_backend(device).options._timeout.total_seconds()
+        except (AttributeError, RuntimeError):  # private API moved: fall back to the configured value
+            pass
+    return float(os.environ.get("FGPLUGIN_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+
+
+def init_distributed(backend: str | None = None, *, timeout: float | None = None) -> torch.device:
+    """Initialize the default process group from torchrun's environment; returns this rank's device.
+
+    NCCL with one GPU per process (``LOCAL_RANK``) when CUDA is available, gloo on CPU otherwise.
+    ``timeout`` (seconds, default :data:`DEFAULT_TIMEOUT_S` or ``$FGPLUGIN_DIST_TIMEOUT``) bounds
+    every collective, so a rank that dies makes the others fail instead of hanging. Does nothing
+    but return the device when the group already exists.
+    """
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        seconds = timeout_seconds() if timeout is None else float(timeout)
+        options = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend, timeout=timedelta(seconds=seconds), **options)
+    return device
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Node ranges of the ``q`` row blocks: block ``i`` is ``[i*n//q, (i+1)*n//q)``, the same
+    ranges as ``fgplugin.reorder.reorder(..., parts=q)`` (Algorithm 2)."""
+
+    num_nodes: int
+    num_blocks: int
+
+    def start(self, i: int) -> int:
+        return i * self.num_nodes // self.num_blocks
+
+    def end(self, i: int) -> int:
+        return (i + 1) * self.num_nodes // self.num_blocks
+
+    def size(self, i: int) -> int:
+        return self.end(i) - self.start(i)
+
+
+class ShardingContext:
+    """Where this rank sits in a 1D (``replication=1``) or 1.5D sharding of the default group.
+
+    Every rank must create it with the same arguments, in the same order relative to other
+    process-group creation (``dist.new_group`` is collective).
+
+    Args:
+        replication: ``r``; must divide the world size ``p`` with ``r <= p / r`` (each replica
+            needs at least one column block), e.g. ``p=4, r=2``.
+        comm: ``"broadcast"`` (the paper's: the owner of a feature block broadcasts all of it)
+            or ``"sparse"`` (each rank receives only the rows its non-zeros touch, point to point,
+            in a ring-shift schedule).
+        comm_dtype: dtype of the feature blocks on the wire (e.g. ``torch.bfloat16`` halves the
+            traffic at bf16 rounding of the exchanged values); ``None`` sends them as they are.
+    """
+
+    def __init__(self, replication: int = 1, *, comm: str = "sparse", comm_dtype: torch.dtype | None = None):
+        if not dist.is_initialized():
+            raise RuntimeError("fgplugin.distributed needs torch.distributed initialized first: call "
+                               "fgplugin.distributed.init_distributed() (under torchrun) or "
+                               "torch.distributed.init_process_group()")
+        if comm not in ("broadcast", "sparse"):
+            raise ValueError(f"comm must be 'broadcast' or 'sparse', got {comm!r}")
+        p, r = dist.get_world_size(), int(replication)
+        if r < 1 or p % r != 0 or r > p // r:
+            raise ValueError(f"replication r={replication} does not fit {p} ranks: r must divide p and "
+                             f"r <= p/r (1.5D needs at least one column block per replica), e.g. p=4, r=2; "
+                             f"use r=1 for 1D")
+        self.world_size, self.replication, self.num_blocks = p, r, p // r
+        self.rank = dist.get_rank()
+        self.block, self.replica = divmod(self.rank, r)
+        self.comm, self.comm_dtype = comm, comm_dtype
+        self.backend = dist.get_backend()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        q = self.num_blocks
+        # Every rank creates every group, in the same order (new_group is collective).
+        self.row_group = None
+        if r > 1:
+            for g in range(q):
+                group = dist.new_group([g * r + k for k in range(r)])
+                if g == self.block:
+                    self.row_group = group
+        self.col_group, self.col_ranks = dist.group.WORLD, list(range(p))
+        if r > 1:
+            for k in range(r):
+                ranks = [g * r + k for g in range(q)]
+                group = dist.new_group(ranks)
+                if k == self.replica:
+                    self.col_group, self.col_ranks = group, ranks
+        # Column blocks this rank multiplies: those of its column group.
+        self.col_blocks = [j for j in range(q) if j % r == self.replica]
+
+    @property
+    def scheme(self) -> str:
+        return "1d" if self.replication == 1 else "1.5d"
+
+    def owner(self, j: int) -> int:
+        """Global rank that sends feature block ``j`` inside this rank's column group."""
+        return self.col_ranks[j]
+
+    def __repr__(self) -> str:
+        return (f"ShardingContext({self.scheme}, p={self.world_size}, r={self.replication}, rank={self.rank} = "
+                f"(block {self.block}, replica {self.replica}), column blocks {self.col_blocks}, comm={self.comm!r})")

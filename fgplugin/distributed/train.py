@@ -1,0 +1,237 @@
+"""Full-batch training across ranks: a GCN from fgplugin ops, and a wrapper that makes the loss,
+the gradients and the metrics global, with checkpoint and resume.
+
+The loss is the global mean over training nodes. Each rank computes the sum over its training
+rows and divides by ``r * (global count)``: the ``r`` replicas of a row block compute the same
+rows, and the distributed SpMM hands each replica a *partial* gradient (their sum is the true
+one), so all-reducing the weight gradients with SUM gives exactly the single-process gradient.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops import spmm
+from ..tiling import TiledAdjacency
+from .context import RankFailureError, timeout_seconds
+from .sharding import ShardedGraph
+
+_CHECKPOINT_FORMAT = 1
+
+
+class FullGraph:
+    """A whole graph on one device with a normalization: the single-process twin of
+    :class:`ShardedGraph` (``aggregate(h) = spmm(adj, h, *adj.norm(norm))``)."""
+
+    def __init__(self, adj: TiledAdjacency, norm: str = "gcn", **options):
+        self.adj = adj
+        self.scales = tuple(adj.norm(norm, **options)) if norm != "none" else (None, None, None)
+
+    def aggregate(self, h: torch.Tensor) -> torch.Tensor:
+        return spmm(self.adj, h, *self.scales)
+
+
+class DistGCN(nn.Module):
+    r"""GCN (Kipf & Welling) of ``len(dims) - 1`` layers over any graph with ``aggregate(h)``
+    (:class:`ShardedGraph` across ranks, :class:`FullGraph` in one process).
+
+    Each layer computes :math:`\hat A H W + b`, multiplying by ``W`` first when it narrows the
+    features (less to aggregate and to send). ReLU and dropout between layers.
+
+    Args:
+        dims: feature widths, e.g. ``(in, hidden, classes)``.
+        dropout: dropout probability between layers. Masks are drawn per rank, so training with
+            ``dropout > 0`` is statistically, not bitwise, equal to single-process training.
+    """
+
+    def __init__(self, dims, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.dims = tuple(int(d) for d in dims)
+        self.dropout = float(dropout)
+        self.weights = nn.ParameterList(nn.Parameter(torch.empty(a, b)) for a, b in zip(self.dims, self.dims[1:]))
+        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(b)) for b in self.dims[1:]) if bias else None
+        for w in self.weights:
+            nn.init.xavier_uniform_(w)
+
+    def forward(self, graph, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for i, w in enumerate(self.weights):
+            if i:
+                h = F.dropout(F.relu(h), self.dropout, self.training)
+            h = graph.aggregate(h @ w) if w.shape[0] > w.shape[1] else graph.aggregate(h) @ w
+            if self.biases is not None:
+                h = h + self.biases[i]
+        return h
+
+
+class DistributedTrainer:
+    r"""Full-batch training of ``model`` on a :class:`ShardedGraph`, identical (up to float
+    rounding) to training it in one process on the whole graph.
+
+    Args:
+        model: any module whose ``forward(graph, x)`` uses ``graph.aggregate`` (e.g. :class:`DistGCN`);
+            its parameters are replicated: rank 0's are broadcast at construction.
+        graph: this rank's :class:`ShardedGraph`.
+        x, y: this rank's rows of features and labels (``graph.rows(...)``).
+        train_mask: this rank's rows of the training mask; ``val_mask``, ``test_mask`` likewise
+            (optional) for :meth:`evaluate`.
+        optimizer: over ``model.parameters()``; its state stays replicated because every rank
+            applies the same all-reduced gradients.
+
+    A failed collective (a rank died, hung past the timeout, or diverged) raises
+    :class:`RankFailureError` naming the timeout instead of hanging.
+    """
+
+    def __init__(self, model: nn.Module, graph: ShardedGraph, x, y, train_mask, optimizer, *, val_mask=None,
+                 test_mask=None):
+        self.model, self.graph, self.x, self.y, self.optimizer = model, graph, x, y, optimizer
+        self.masks = {"train": train_mask, "val": val_mask, "test": test_mask}
+        self.idx = {k: None if m is None else m.nonzero().squeeze(1) for k, m in self.masks.items()}
+        self.r = graph.ctx.replication
+        self.epoch = 0
+        with self._guard("setup"):
+            for p in model.parameters():
+                dist.broadcast(p.data, 0)
+            counts = torch.tensor([0 if i is None else i.numel() for i in self.idx.values()], dtype=torch.long,
+                                  device=graph.ctx.device)
+            dist.all_reduce(counts)
+        self.counts = {k: int(c) // self.r for k, c in zip(self.idx, counts)}
+        if self.counts["train"] == 0:
+            raise ValueError("the training mask selects no node on any rank")
+
+    def _guard(self, what: str):
+        return _CollectiveGuard(what, self.graph.ctx.rank)
+
+    def step(self, metrics: bool = True) -> dict[str, float]:
+        """One full-batch epoch: forward, backward, gradient all-reduce, optimizer step.
+
+        Returns the global training loss and accuracy (one extra small all-reduce), or ``{}``
+        when ``metrics=False`` (no host sync; what benchmarks time).
+        """
+        with self._guard(f"epoch {self.epoch}"):
+            self.model.train()
+            self.optimizer.zero_grad(set_to_none=False)
+            out = self.model(self.graph, self.x)
+            idx = self.idx["train"]
+            logits = out[idx]
+            loss_sum = F.cross_entropy(logits, self.y[idx], reduction="sum")
+            (loss_sum / (self.counts["train"] * self.r)).backward()
+            self._allreduce_grads()
+            self.optimizer.step()
+            self.epoch += 1
+            if not metrics:
+                return {}
+            stats = torch.stack([loss_sum.detach().double(), (logits.argmax(1) == self.y[idx]).sum().double()])
+            dist.all_reduce(stats)
+        loss, correct = (stats / self.r).tolist()
+        return {"loss": loss / self.counts["train"], "train_acc": correct / self.counts["train"]}
+
+    def _allreduce_grads(self) -> None:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p)
+            offset += n
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Global accuracy on each mask given (train, val, test)."""
+        with self._guard("evaluate"):
+            self.model.eval()
+            pred = self.model(self.graph, self.x).argmax(1)
+            correct = torch.stack([torch.zeros((), dtype=torch.long, device=pred.device) if i is None
+                                   else (pred[i] == self.y[i]).sum() for i in self.idx.values()])
+            dist.all_reduce(correct)
+        return {f"{k}_acc": int(c) / self.r / self.counts[k] for k, c in zip(self.idx, correct)
+                if self.idx[k] is not None and self.counts[k]}
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        return {"format": _CHECKPOINT_FORMAT, "epoch": self.epoch, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "graph": self.graph.fingerprint[:4]}
+
+    def save_checkpoint(self, path) -> None:
+        """Write weights, optimizer state and epoch. They are replicated, so rank 0 writes them
+        (to a temporary file, then ``os.replace``: a crash never leaves a torn checkpoint);
+        returns after every rank got here."""
+        path = Path(path)
+        if self.graph.ctx.rank == 0:
+            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            torch.save(_to_cpu(self.state_dict()), tmp)
+            os.replace(tmp, path)
+        with self._guard("save_checkpoint"):
+            dist.barrier()
+
+    def load_checkpoint(self, path) -> int:
+        """Resume from :meth:`save_checkpoint`'s file: rank 0 reads it and broadcasts it (no shared
+        file system needed). The sharding may differ from the run that wrote it; the graph may not.
+        Returns the epoch to continue from."""
+        holder = [None]
+        if self.graph.ctx.rank == 0:
+            holder[0] = torch.load(path, map_location="cpu", weights_only=True)
+        with self._guard("load_checkpoint"):
+            dist.broadcast_object_list(holder, 0, device=self.graph.ctx.device)
+        state = holder[0]
+        if state.get("format") != _CHECKPOINT_FORMAT:
+            raise ValueError(f"{path}: not an fgplugin.distributed checkpoint (format {state.get('format')!r})")
+        if list(state["graph"]) != list(self.graph.fingerprint[:4]):
+            raise ValueError(f"{path} was written for another graph (fingerprint {state['graph']} vs "
+                             f"{self.graph.fingerprint[:4]} here)")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.epoch = int(state["epoch"])
+        return self.epoch
+
+
+class _CollectiveGuard:
+    """Turns a failed or timed-out collective into a :class:`RankFailureError` that says so."""
+
+    def __init__(self, what: str, rank: int):
+        self.what, self.rank = what, rank
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if err is None or isinstance(err, (ValueError, TypeError, RankFailureError)):
+            return False
+        if isinstance(err, dist.DistError) or _looks_like_comm_failure(err):
+            raise RankFailureError(
+                f"rank {self.rank}: a collective failed during {self.what}: another rank died, hung or diverged "
+                f"(collectives time out after {timeout_seconds():g} s: init_distributed(timeout=) or "
+                f"$FGPLUGIN_DIST_TIMEOUT). Look at the other ranks' logs for the first error. Cause: "
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+        return False
+
+
+def _looks_like_comm_failure(err: BaseException) -> bool:
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and any(s in text for s in (
+        "connection closed", "connection reset", "timed out", "timeout", "nccl", "gloo", "broken pipe", "peer"))
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``||a - b|| / ||b||`` (Frobenius), the error measure of BENCHMARKS.md."""
+    denom = float(torch.linalg.vector_norm(b.double()))
+    diff = float(torch.linalg.vector_norm(a.double() - b.double()))
+    return diff / denom if denom else (0.0 if diff == 0 else math.inf)

@@ -1,0 +1,318 @@
+"""fgplugin.distributed on CPU (gloo): sharded training equals single-process training.
+
+Ranks are separate processes (spawn) on localhost. Training runs in float64 with dropout 0, so the
+only difference to the single-process run is the summation order of the SpMM; the bar of the
+issue (final weights within 1e-4 relative) then holds with a wide margin, and resuming from a
+checkpoint is compared exactly.
+"""
+import os
+import socket
+import time
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fgplugin import TiledAdjacency
+from fgplugin.datasets import load_npz, require_shared_data
+from fgplugin.distributed import (DistGCN, DistributedTrainer, FullGraph, RankFailureError, ShardedGraph,
+                                  ShardingContext, dist_spmm, relative_error)
+
+EPOCHS, LR, HIDDEN, SEED = 10, 0.01, 16, 0
+DTYPE = torch.float64
+TIMEOUT_S = 20  # collective timeout of the spawned groups
+
+
+# ---------------------------------------------------------------------- harness
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, timeout_s, fn, args, queue):
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+        queue.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException as err:  # report every failure to the parent, which asserts on it
+        queue.put((rank, "error", (type(err).__name__, str(err), traceback.format_exc())))
+
+
+def _launch(world, fn, *args, deadline_s=120, timeout_s=TIMEOUT_S):
+    """Runs ``fn(rank, world, *args)`` in ``world`` processes; returns ``{rank: (status, result)}``."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    old = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        port = _free_port()
+        procs = [ctx.Process(target=_entry, args=(r, world, port, timeout_s, fn, args, queue)) for r in range(world)]
+        for p in procs:
+            p.start()
+    finally:
+        if old is None:
+            os.environ.pop("OMP_NUM_THREADS")
+        else:
+            os.environ["OMP_NUM_THREADS"] = old
+    results, end = {}, time.monotonic() + deadline_s
+    while len(results) < world and time.monotonic() < end:
+        if all(not p.is_alive() for p in procs) and queue.empty():
+            break
+        try:
+            rank, status, value = queue.get(timeout=1.0)
+            results[rank] = (status, value)
+        except Exception:
+            pass
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    return results
+
+
+def _ok(results, world):
+    errors = {r: v[2] for r, (s, v) in results.items() if s != "ok"}
+    assert not errors and len(results) == world, f"ranks failed or hung: {sorted(results)} reported; {errors}"
+    return {r: v for r, (s, v) in results.items()}
+
+
+# ---------------------------------------------------------------------- training on both sides
+def _cora(path):
+    return load_npz(path, features="dense")
+
+
+def _model(data):
+    torch.manual_seed(SEED)
+    return DistGCN((data.num_features, HIDDEN, data.num_classes)).to(DTYPE)
+
+
+def _reference(path):
+    data = _cora(path)
+    graph = FullGraph(TiledAdjacency.from_edge_index(data.edge_index, data.num_nodes))
+    model = _model(data)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    x, idx = data.x.to(DTYPE), data.train_mask.nonzero().squeeze(1)
+    for _ in range(EPOCHS):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(graph, x)[idx], data.y[idx])
+        loss.backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, float(loss.detach())
+
+
+def _perm(n, kind):
+    if kind == "random":
+        return torch.randperm(n, generator=torch.Generator().manual_seed(1))
+    return None
+
+
+def _trainer(data, replication, comm, perm_kind, edge_index=None):
+    ctx = ShardingContext(replication, comm=comm)
+    ei = data.edge_index if edge_index is None else edge_index
+    graph = ShardedGraph.from_edge_index(ctx, ei, data.num_nodes, perm=_perm(data.num_nodes, perm_kind))
+    model = _model(data)
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    trainer = DistributedTrainer(model, graph, graph.rows(data.x).to(DTYPE), graph.rows(data.y),
+                                 graph.rows(data.train_mask), opt, val_mask=graph.rows(data.val_mask),
+                                 test_mask=graph.rows(data.test_mask))
+    return trainer
+
+
+def _weights(trainer):
+    return {k: v.detach().clone().numpy() for k, v in trainer.model.state_dict().items()}
+
+
+def _odd_graph():
+    """Directed, with self loops, duplicate edges and isolated nodes (ids 97..99)."""
+    gen = torch.Generator().manual_seed(3)
+    n = 100
+    ei = torch.randint(0, n - 3, (2, 700), generator=gen)
+    loops = torch.arange(0, n - 3, 7).repeat(2, 1)
+    return torch.cat([ei, ei[:, :40], loops], dim=1), n
+
+
+def _dense_reference(ei, n, norm):
+    a = torch.zeros(n, n, dtype=DTYPE).index_put_((ei[1], ei[0]), torch.ones(ei.shape[1], dtype=DTYPE), accumulate=True)
+    in_deg, out_deg = a.sum(1), a.sum(0)
+    if norm == "gcn":
+        fill = (a.diagonal() == 0).to(DTYPE)
+        s = (in_deg + fill).rsqrt()
+        s[torch.isinf(s)] = 0
+        return s[:, None] * (a + torch.diag(fill)) * s[None, :]
+    if norm == "mean":
+        return a / in_deg.clamp(min=1)[:, None]
+    if norm == "both":
+        return in_deg.clamp(min=1).rsqrt()[:, None] * a * out_deg.clamp(min=1).rsqrt()[None, :]
+    return a
+
+
+def _spmm_cases(configs):
+    """Forward and input gradient of dist_spmm against a dense float64 reference."""
+    ei, n = _odd_graph()
+    gen = torch.Generator().manual_seed(4)
+    h, weight = torch.randn(n, 5, generator=gen, dtype=DTYPE), torch.randn(n, 5, generator=gen, dtype=DTYPE)
+    errors = {}
+    for replication, comm, perm_kind in configs:
+        for norm in ("gcn", "mean", "both", "none"):
+            ctx = ShardingContext(replication, comm=comm)
+            graph = ShardedGraph.from_edge_index(ctx, ei, n, perm=_perm(n, perm_kind), norm=norm)
+            a = _dense_reference(ei, n, norm)
+            h_local = graph.rows(h).requires_grad_()
+            out = dist_spmm(graph, h_local)
+            (out * graph.rows(weight)).sum().div(replication).backward()
+            grad = h_local.grad.clone()
+            if ctx.row_group is not None:  # replicas hold partial gradients
+                dist.all_reduce(grad, group=ctx.row_group)
+            ids = graph.global_ids()
+            errors[(replication, comm, perm_kind, norm)] = (
+                relative_error(out.detach(), (a @ h)[ids]), relative_error(grad, (a.t() @ weight)[ids]))
+    return errors
+
+
+def _four_ranks(rank, world, path, configs, tmpdir):
+    return _spmm_cases(configs), _train_configs(path, configs, tmpdir)
+
+
+def _train_configs(path, configs, tmpdir):
+    data = _cora(path)
+    out = {}
+    for replication, comm, perm_kind in configs:
+        trainer = _trainer(data, replication, comm, perm_kind)
+        for _ in range(EPOCHS):
+            stats = trainer.step()
+        out[(replication, comm, perm_kind)] = (_weights(trainer), stats["loss"], trainer.evaluate())
+    # Checkpoint: 5 epochs, save, resume in a fresh trainer (other sharding too), 5 more.
+    ckpt = os.path.join(tmpdir, "ckpt.pt")
+    trainer = _trainer(data, configs[-1][0], configs[-1][1], "random")
+    for _ in range(EPOCHS // 2):
+        trainer.step()
+    trainer.save_checkpoint(ckpt)
+    for replication, comm in ((configs[-1][0], configs[-1][1]), (1, "broadcast")):
+        resumed = _trainer(data, replication, comm, None)
+        torch.nn.init.normal_(resumed.model.weights[0])  # must be overwritten by the checkpoint
+        start = resumed.load_checkpoint(ckpt)
+        assert start == EPOCHS // 2
+        while resumed.epoch < EPOCHS:
+            resumed.step()
+        out[("resumed", replication, comm)] = _weights(resumed)
+    return out
+
+
+def _check_equal(ranks, reference, reference_loss, keys):
+    for rank, out in ranks.items():
+        for key in keys:
+            weights, loss, _ = out[key]
+            for name, ref in reference.items():
+                err = relative_error(torch.from_numpy(weights[name]), ref)
+                assert err < 1e-4, f"rank {rank} {key}: {name} differs from single-process training by {err:.2e}"
+                assert err < 1e-9, f"float64 run should agree to rounding: rank {rank} {key} {name} {err:.2e}"
+            assert loss == pytest.approx(reference_loss, rel=1e-9)
+        first = out[keys[0]][0]
+        for key in keys[1:]:  # replicas and schemes agree with each other too
+            for name in first:
+                assert relative_error(torch.from_numpy(out[key][0][name]), torch.from_numpy(first[name])) < 1e-9
+
+
+@pytest.fixture(scope="module")
+def cora_path():
+    return str(require_shared_data() / "cora.npz")
+
+
+@pytest.fixture(scope="module")
+def reference(cora_path):
+    return _reference(cora_path)
+
+
+CONFIGS = [(1, "broadcast", "random"), (1, "sparse", "random"), (2, "broadcast", None), (2, "sparse", "random")]
+
+
+@pytest.fixture(scope="module")
+def four_ranks(cora_path, tmp_path_factory):
+    """One 4-process run (1D and 1.5D r=2, both exchange modes) shared by the tests below."""
+    return _ok(_launch(4, _four_ranks, cora_path, CONFIGS, str(tmp_path_factory.mktemp("ckpt"))), 4)
+
+
+def test_dist_spmm_matches_dense_reference(four_ranks):
+    for rank, (errors, _) in four_ranks.items():
+        for key, (fwd, bwd) in errors.items():
+            # The scales are float32 (as fgplugin's own normalization): float32 rounding, not float64.
+            assert fwd < 1e-6 and bwd < 1e-6, f"rank {rank} {key}: forward {fwd:.1e}, input gradient {bwd:.1e}"
+
+
+def test_four_ranks_1d_and_15d_match_single_process(four_ranks, reference):
+    configs = CONFIGS
+    ranks = {r: v[1] for r, v in four_ranks.items()}
+    ref, ref_loss = reference
+    _check_equal(ranks, ref, ref_loss, configs)
+    accs = ranks[0][configs[0]][2]
+    assert set(accs) == {"train_acc", "val_acc", "test_acc"} and accs["train_acc"] > 0.5
+    for rank, out in ranks.items():  # resumed after 5 epochs == 10 straight epochs
+        straight = out[configs[-1]][0]
+        for key in (("resumed", 2, "sparse"), ("resumed", 1, "broadcast")):
+            for name in straight:
+                err = relative_error(torch.from_numpy(out[key][name]), torch.from_numpy(straight[name]))
+                assert err < 1e-9, f"rank {rank}: resumed run {key} differs in {name} by {err:.2e}"
+
+
+def _disagree_then_train(rank, world, path):
+    data = _cora(path)
+    edge_index = data.edge_index if rank == 0 else data.edge_index[:, 1:]  # rank 1 lost an edge
+    try:
+        _trainer(data, 1, "sparse", None, edge_index=edge_index)
+        raised = None
+    except ValueError as err:
+        raised = str(err)
+    # The group is still usable after the refusal: train on agreeing input.
+    trainer = _trainer(data, 1, "sparse", "random")
+    for _ in range(EPOCHS):
+        stats = trainer.step()
+    return raised, (_weights(trainer), stats["loss"], None)
+
+
+def test_two_ranks_refuse_different_graphs_then_match(cora_path, reference):
+    ranks = _ok(_launch(2, _disagree_then_train, cora_path), 2)
+    for rank, (raised, _) in ranks.items():
+        assert raised is not None and "different graphs" in raised and "num_edges" in raised, (rank, raised)
+    ref, ref_loss = reference
+    _check_equal({r: {"p2": v[1]} for r, v in ranks.items()}, ref, ref_loss, ["p2"])
+
+
+def _one_rank_dies(rank, world, path):
+    data = _cora(path)
+    trainer = _trainer(data, 1, "sparse", "random")
+    for epoch in range(EPOCHS):
+        if rank == world - 1 and epoch == 2:
+            os._exit(3)  # simulate a crash: no cleanup, sockets close
+        trainer.step()
+    return "finished"
+
+
+def test_dead_rank_gives_clear_error_not_hang(cora_path):
+    start = time.monotonic()
+    results = _launch(3, _one_rank_dies, cora_path, deadline_s=TIMEOUT_S + 60)
+    elapsed = time.monotonic() - start
+    assert 2 not in results
+    for rank in (0, 1):
+        assert rank in results, f"rank {rank} hung (no result after {elapsed:.0f} s)"
+        status, value = results[rank]
+        assert status == "error" and value[0] == RankFailureError.__name__, value
+        assert "another rank died" in value[1] and f"time out after {TIMEOUT_S} s" in value[1], value[1]
+    assert elapsed < TIMEOUT_S + 60
+
+
+def test_replication_must_fit_world(cora_path):
+    # Pure argument checks: they need an initialized group; one process suffices.
+    port = _free_port()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="r <= p/r"):
+            ShardingContext(replication=2)
+        with pytest.raises(ValueError, match="comm must be"):
+            ShardingContext(comm="allgather")
+    finally:
+        dist.destroy_process_group()
