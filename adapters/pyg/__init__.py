@@ -1,0 +1,30 @@
+"""fgplugin for PyTorch Geometric: drop-in layers on fgplugin's SpMM, ``convert()`` and ``patch()``.
+
+``fgplugin.pyg.GCNConv``, ``SAGEConv`` (mean aggregation), ``SGConv`` and ``LGConv`` subclass the
+stock layers and replace only the aggregation: constructor, parameters, ``state_dict`` and
+results stay those of PyG. They take the graph as ``edge_index`` (or PyG's ``EdgeIndex``), a
+``torch.sparse`` or ``SparseTensor`` ``adj_t``, or a :class:`fgplugin.TiledAdjacency`.
+
+    import fgplugin.pyg
+    fgplugin.pyg.patch()                  # torch_geometric.nn.GCNConv & co. are ours from here
+    model = fgplugin.pyg.convert(model)   # or: swap the layers of an existing model in place
+
+The adjacency structure of a graph is built once per ``edge_index`` object and cached (see
+_graph.py). ``torch.compile`` traces the layers without graph breaks once the graph's structure
+is known: run one eager forward pass first (or pass a ``TiledAdjacency``); a graph first seen
+inside a compiled region runs the stock PyG code there.
+"""
+try:
+    import torch_geometric  # noqa: F401
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError("fgplugin.pyg needs PyTorch Geometric; install it with `pip install fgplugin[pyg]`") from err
+
+from .gcn_conv import GCNConv, gcn_scales
+from .lg_conv import LGConv
+from .patching import LAYERS, convert, patch, unpatch
+from .sage_conv import SAGEConv
+from .sg_conv import SGConv
+from .transforms import BlockReorder
+
+__all__ = ["GCNConv", "SAGEConv", "SGConv", "LGConv", "gcn_scales", "convert", "patch", "unpatch", "LAYERS",
+           "BlockReorder"]

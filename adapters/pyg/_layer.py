@@ -1,0 +1,114 @@
+"""What the fgplugin PyG layers share: the plan they aggregate with, the aggregation itself, and
+the rules for handing a call to the stock code (hooks, explain mode, TorchScript)."""
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple
+
+from torch import Tensor
+from torch_geometric.nn.conv import MessagePassing
+
+import fgplugin
+from fgplugin import Normalization, TiledAdjacency
+
+from ._graph import Graph, graph_of, values_of
+
+NO_NORM = Normalization(None, None, None)
+
+# MessagePassing hooks run inside the stock propagate(); a layer with any of them registered
+# keeps the stock path so that they see their messages.
+_HOOKS = (
+    "_propagate_forward_pre_hooks", "_propagate_forward_hooks",
+    "_message_forward_pre_hooks", "_message_forward_hooks",
+    "_aggregate_forward_pre_hooks", "_aggregate_forward_hooks",
+    "_message_and_aggregate_forward_pre_hooks", "_message_and_aggregate_forward_hooks",
+)
+
+
+class Plan(NamedTuple):
+    """A layer's aggregation ``spmm(adj, x, *norm)``: the (weighted) adjacency and its scales."""
+
+    adj: TiledAdjacency
+    norm: Normalization
+
+
+def weighted(graph: Graph, values: Tensor | None) -> TiledAdjacency | None:
+    """``graph``'s adjacency with per-edge ``values`` (in the input's edge order), or ``None``
+    where fgplugin refuses them (e.g. NaN weights), so that the stock layer decides."""
+    if values is None:
+        return graph.adj
+    try:
+        return graph.adj.with_values(values)
+    except (ValueError, TypeError):
+        return None
+
+
+def fits(plan: Plan | None, x: Tensor, node_dim: int, n_dst: int | None = None) -> bool:
+    """Whether ``plan`` can aggregate the nodes of ``x`` into ``n_dst`` nodes (device, node
+    counts); where it cannot, the stock layer runs and raises its own error."""
+    if plan is None or x.device != plan.adj.device or x.dim() < 2:
+        return False
+    n_rows, n_cols = plan.adj.shape
+    return x.size(node_dim) == n_cols and (n_dst is None or n_rows == n_dst)
+
+
+def aggregate(plan: Plan, x: Tensor, node_dim: int) -> Tensor:
+    """``spmm`` over the node dimension ``node_dim`` of ``x`` (PyG's static graphs pass
+    ``[batch, nodes, features]``): the other dimensions are folded into the feature columns."""
+    if x.dim() == 2 and node_dim in (0, -2):
+        return fgplugin.spmm(plan.adj, x, *plan.norm)
+    x = x.movedim(node_dim, 0)
+    out = fgplugin.spmm(plan.adj, x.reshape(x.shape[0], -1), *plan.norm)
+    return out.view(out.shape[0], *x.shape[1:]).movedim(0, node_dim)
+
+
+class FgpluginLayer:
+    """Mixin of the drop-in layers. ``_stock`` is the PyG class a layer replaces; ``_plan_caches``
+    names the stock attributes in which it caches its normalized graph (there the drop-in keeps
+    its :class:`Plan` instead, so ``conv._cached_edge_index = None`` still resets the cache)."""
+
+    _stock: type
+    _plan_caches: tuple[str, ...] = ()
+    # PyG keeps what `propagate` resolves to before it generates a class's own as
+    # `_orig_propagate` (the decomposed-layers path): MessagePassing's, not the stock layer's
+    # generated one, which a stock instance built first would otherwise leave here.
+    propagate = MessagePassing.propagate
+
+    def _fgplugin_serves(self) -> bool:
+        """False where the stock propagate() must run: explain mode, decomposed layers, hooks."""
+        return not self._explain and self.decomposed_layers == 1 and not any(getattr(self, h) for h in _HOOKS)
+
+    def _stock_forward(self, *args):
+        # The stock code reads its caches as normalized graphs, never as our plans.
+        for name in self._plan_caches:
+            if isinstance(getattr(self, name), Plan):
+                setattr(self, name, None)
+        return self._stock.forward(self, *args)
+
+    def _adopt_stock_cache(self, name: str, n: int) -> Plan | None:
+        """A plan for a normalized graph the stock code cached in attribute ``name`` (before a
+        ``convert()``, or on a stock-path call), so the layer goes on with our kernel."""
+        cache = getattr(self, name)
+        source, values = (cache[0], cache[1]) if isinstance(cache, tuple) else (cache, None)
+        graph = graph_of(source, n, n, flip=self.flow == "target_to_source")
+        if graph is None:
+            return None
+        adj = weighted(graph, values if values is not None else values_of(source))
+        if adj is None:
+            return None
+        plan = Plan(adj, NO_NORM)
+        setattr(self, name, plan)
+        return plan
+
+    def __prepare_scriptable__(self):
+        """TorchScript cannot compile fgplugin's graph handling (Python objects), so
+        ``torch.jit.script`` gets the stock layer with the same parameters and settings."""
+        twin = copy.copy(self)
+        twin.__class__ = self._stock
+        twin.__dict__.pop("propagate", None)  # PyG's decomposed_layers binds it to `self`
+        for name in self._plan_caches:
+            if isinstance(getattr(twin, name), Plan):
+                setattr(twin, name, None)
+        twin._set_jittable_templates()
+        return twin
+

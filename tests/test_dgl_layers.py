@@ -1,0 +1,274 @@
+"""fgplugin.dgl: the import shim, and the layers against the stock DGL layers (outputs, gradients,
+errors, caching, convert() and patch())."""
+import contextlib
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+try:
+    import fgplugin.dgl as fd
+except ImportError as err:  # CI installs DGL: there a broken shim must fail, not skip
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        raise
+    pytest.skip(f"DGL is not usable here: {err}", allow_module_level=True)
+
+from fgplugin.dgl._import_shim import graphbolt_needs_shim  # noqa: E402
+
+dgl = fd.import_dgl()
+import dgl.nn as dgl_nn  # noqa: E402
+from dgl.base import DGLError  # noqa: E402
+from dgl.nn.pytorch import conv as dgl_conv  # noqa: E402
+
+TOL = 1e-5
+
+
+def rel_err(a, b):
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+def graph_case(name: str, idtype=torch.int64):
+    """A labelled, seeded DGL graph (homogeneous, bipartite or block)."""
+    g = torch.Generator().manual_seed(3)
+    if name == "homo":  # self loops (one duplicated), duplicate edges, nodes without in-edges
+        src, dst = torch.randint(0, 30, (2, 90), generator=g)
+        loops = torch.tensor([1, 1, 4])
+        src, dst = torch.cat([src, loops, src[:8]]), torch.cat([dst, loops, dst[:8]])
+        graph = dgl.graph((src, dst), num_nodes=36)
+    elif name == "homo-loops":  # every node has an in-edge
+        graph = dgl.add_self_loop(graph_case("homo"))
+    elif name == "bipartite":
+        src, dst = torch.randint(0, 12, (30,), generator=g), torch.randint(0, 7, (30,), generator=g)
+        graph = dgl.heterograph({("_U", "_E", "_V"): (src, torch.cat([dst[:-7], torch.arange(7)]))},
+                                {"_U": 12, "_V": 7})
+    elif name == "block":  # dgl.create_block (DGL 2.1's to_block is broken under torch 2.13)
+        src, dst = torch.randint(0, 36, (50,), generator=g), torch.randint(0, 10, (50,), generator=g)
+        graph = dgl.create_block((src, torch.cat([dst[:-10], torch.arange(10)])), num_src_nodes=36, num_dst_nodes=10)
+    elif name == "no-edges":
+        graph = dgl.heterograph({("_U", "_E", "_V"): ([], [])}, {"_U": 5, "_V": 3})
+    else:
+        raise KeyError(name)
+    return graph.astype(idtype)
+
+
+CASES = ["homo", "homo-loops", "bipartite", "block", "no-edges"]
+
+
+@contextlib.contextmanager
+def stock_refused(cls):
+    """Within it the stock ``cls.forward`` fails, so a drop-in that falls back to it is caught."""
+    original = cls.forward
+
+    def forward(self, *args, **kwargs):
+        raise AssertionError(f"{cls.__name__} took the stock code path")
+
+    cls.forward = forward
+    try:
+        yield
+    finally:
+        cls.forward = original
+
+
+def make_pair(name: str, *args, **kwargs):
+    torch.manual_seed(0)
+    stock = getattr(dgl_nn, name)(*args, **kwargs)
+    ours = getattr(fd, name)(*args, **kwargs)
+    ours.load_state_dict(stock.state_dict())
+    return stock, ours
+
+
+def run_pair(stock, ours, graph, feat, edge_weight=None, **kwargs):
+    """Outputs and gradients (features, parameters, edge weights) of both layers within TOL."""
+    def call(layer):
+        f = tuple(t.clone().requires_grad_() for t in feat) if isinstance(feat, tuple) \
+            else feat.clone().requires_grad_()
+        w = None if edge_weight is None else edge_weight.clone().requires_grad_()
+        out = layer(graph, f, edge_weight=w, **kwargs)
+        out.backward(torch.ones_like(out) + torch.arange(out.numel()).view_as(out) % 3)
+        grads = [t.grad for t in (f if isinstance(f, tuple) else (f,))] + [w.grad if w is not None else None]
+        return out, grads + [p.grad for p in layer.parameters()]
+
+    out_s, grads_s = call(stock)
+    with stock_refused(type(stock)):
+        out_o, grads_o = call(ours)
+    assert out_o.shape == out_s.shape and rel_err(out_o, out_s) < TOL
+    for g_s, g_o in zip(grads_s, grads_o):
+        assert (g_s is None) == (g_o is None)
+        if g_s is not None:
+            assert rel_err(g_o, g_s) < TOL
+    return out_o
+
+
+def test_import_shim_imports_dgl_and_graphconv_trains():
+    torch_major_minor = tuple(int(p) for p in torch.__version__.split(".")[:2])
+    if dgl.__version__.startswith("2.1") and torch_major_minor > (2, 2):
+        assert not hasattr(sys.modules["dgl.graphbolt"], "load_graphbolt")  # the stand-in
+    graph = dgl.add_self_loop(dgl.graph(([0, 1, 2], [1, 2, 0])))
+    conv = dgl_nn.GraphConv(4, 3)
+    x = torch.randn(3, 4, requires_grad=True)
+    conv(graph, x).sum().backward()
+    assert x.grad.shape == (3, 4) and conv.weight.grad is not None
+
+
+def test_graphbolt_needs_shim(tmp_path):
+    assert not graphbolt_needs_shim(tmp_path)  # a DGL without GraphBolt
+    (tmp_path / "graphbolt").mkdir()
+    assert graphbolt_needs_shim(tmp_path)  # GraphBolt without a library for this torch
+    version = torch.__version__.split("+")[0]
+    (tmp_path / "graphbolt" / f"libgraphbolt_pytorch_{version}.so").touch()
+    import importlib.util
+    has_datapipes = importlib.util.find_spec("torchdata") is not None \
+        and importlib.util.find_spec("torchdata.datapipes") is not None
+    assert graphbolt_needs_shim(tmp_path) == (not has_datapipes)
+
+
+@pytest.mark.parametrize("idtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("norm", ["both", "right", "left", "none"])
+def test_graphconv_matches_stock(norm, case, idtype):
+    graph = graph_case(case, idtype)
+    feat = torch.randn(graph.num_src_nodes(), 5)
+    weight = torch.rand(graph.num_edges()) + 0.1
+    for in_out, options, edge_weight in [((5, 3), {}, None), ((5, 7), {"activation": torch.relu}, weight),
+                                         ((5, 2), {"bias": False}, weight)]:
+        stock, ours = make_pair("GraphConv", *in_out, norm=norm, allow_zero_in_degree=True, **options)
+        run_pair(stock, ours, graph, feat, edge_weight)
+    stock, ours = make_pair("GraphConv", 5, 3, norm=norm, weight=False, allow_zero_in_degree=True)
+    external = torch.randn(5, 3)
+    run_pair(stock, ours, graph, feat, weight=external)
+    if case == "bipartite":
+        stock, ours = make_pair("GraphConv", 5, 3, norm=norm, allow_zero_in_degree=True)
+        run_pair(stock, ours, graph, (feat, torch.randn(graph.num_dst_nodes(), 3)))
+
+
+def test_graphconv_multidimensional_features():
+    graph = graph_case("homo-loops")
+    stock, ours = make_pair("GraphConv", 5, 3, norm="none")
+    out = run_pair(stock, ours, graph, torch.randn(graph.num_nodes(), 4, 5))
+    assert out.shape == (graph.num_nodes(), 4, 3) and len(graph.ndata) == 0 and len(graph.edata) == 0
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sageconv_mean_matches_stock(case):
+    graph = graph_case(case)
+    feat = torch.randn(graph.num_src_nodes(), 5)
+    if case in ("bipartite", "no-edges"):  # two node sets: a feature pair
+        feat = (feat, torch.randn(graph.num_dst_nodes(), 5))
+    weight = torch.rand(graph.num_edges()) + 0.1
+    for in_feats, out_feats, options, edge_weight in [(5, 3, {}, None), (5, 8, {"norm": torch.nn.LayerNorm(8)}, weight),
+                                                       (5, 3, {"activation": torch.tanh, "bias": False}, weight)]:
+        stock, ours = make_pair("SAGEConv", in_feats, out_feats, "mean", **options)
+        run_pair(stock, ours, graph, feat, edge_weight)
+    if case in ("bipartite", "no-edges"):
+        stock, ours = make_pair("SAGEConv", (5, 2), 4, "mean")
+        run_pair(stock, ours, graph, (feat[0], torch.randn(graph.num_dst_nodes(), 2)))
+
+
+@pytest.mark.parametrize("aggregator", ["gcn", "pool", "lstm"])
+def test_sageconv_other_aggregators_keep_stock(aggregator):
+    graph = graph_case("homo-loops")
+    stock, ours = make_pair("SAGEConv", 5, 3, aggregator)
+    feat = torch.randn(graph.num_nodes(), 5)
+    assert rel_err(ours(graph, feat), stock(graph, feat)) < TOL
+
+
+@pytest.mark.parametrize("case", ["homo", "homo-loops"])
+def test_sgconv_matches_stock(case):
+    graph = graph_case(case)
+    feat = torch.randn(graph.num_nodes(), 5)
+    weight = torch.rand(graph.num_edges()) + 0.1
+    for k, edge_weight in [(1, None), (3, None), (2, weight)]:
+        stock, ours = make_pair("SGConv", 5, 3, k=k, allow_zero_in_degree=True, norm=torch.nn.LayerNorm(5))
+        run_pair(stock, ours, graph, feat, edge_weight)
+    stock, ours = make_pair("SGConv", 5, 3, k=2, cached=True, allow_zero_in_degree=True)
+    first = ours(graph, feat)
+    assert rel_err(ours(graph, feat + 1), first) < TOL and rel_err(stock(graph, feat), first) < TOL
+
+
+def test_real_graph_matches_stock():
+    from fgplugin.datasets import load_npz, require_shared_data
+
+    require_shared_data()
+    data = load_npz("cora", features=None)
+    graph = dgl.graph((data.edge_index[0], data.edge_index[1]), num_nodes=data.num_nodes)
+    feat, weight = torch.randn(data.num_nodes, 16), torch.rand(graph.num_edges()) + 0.1
+    stock, ours = make_pair("GraphConv", 16, 4, allow_zero_in_degree=True)
+    run_pair(stock, ours, graph, feat, weight)
+    stock, ours = make_pair("SAGEConv", 16, 4, "mean")
+    run_pair(stock, ours, graph, feat, weight)
+
+
+def test_errors_are_stock_errors():
+    graph = graph_case("homo")  # has nodes without in-edges
+    feat = torch.randn(graph.num_nodes(), 5)
+    with pytest.raises(DGLError, match="0-in-degree nodes"):
+        fd.GraphConv(5, 3)(graph, feat)
+    with pytest.raises(DGLError, match="0-in-degree nodes"):
+        fd.SGConv(5, 3)(graph, feat)
+    with pytest.raises(DGLError, match="External weight"):
+        fd.GraphConv(5, 3, allow_zero_in_degree=True)(graph, feat, weight=torch.randn(5, 3))
+    with pytest.raises(DGLError, match="Non-positive edge weight"):
+        fd.SGConv(5, 3, allow_zero_in_degree=True)(graph, feat, edge_weight=torch.zeros(graph.num_edges()))
+    with pytest.raises(AssertionError):
+        fd.GraphConv(5, 3, allow_zero_in_degree=True)(graph, feat, edge_weight=torch.ones(3))
+    with pytest.raises(DGLError, match="Invalid norm"):
+        fd.GraphConv(5, 3, norm="sym")
+
+
+def test_nan_weights_propagate_as_in_stock():
+    graph = graph_case("homo-loops")
+    weight = torch.rand(graph.num_edges())
+    weight[3] = float("nan")  # fgplugin refuses NaN weights; the stock layer propagates them
+    stock, ours = make_pair("GraphConv", 5, 3)
+    feat = torch.randn(graph.num_nodes(), 5)
+    assert torch.equal(ours(graph, feat, edge_weight=weight).isnan(), stock(graph, feat, edge_weight=weight).isnan())
+
+
+def test_structure_is_cached_on_the_graph_index(monkeypatch):
+    builds = []
+    original = fd.convs.structure
+
+    def counting(graph):
+        if getattr(graph._graph, "_fgplugin_structure", None) is None:
+            builds.append(1)
+        return original(graph)
+
+    monkeypatch.setattr(fd.convs, "structure", counting)
+    graph = graph_case("homo-loops")
+    feat = torch.randn(graph.num_nodes(), 5)
+    conv, sage = fd.GraphConv(5, 3), fd.SAGEConv(5, 3, "mean")
+    for _ in range(2):
+        conv(graph, feat)
+        sage(graph, feat)
+        with graph.local_scope():
+            conv(graph, feat)
+    assert len(builds) == 1
+    graph.add_edges(torch.tensor([0]), torch.tensor([5]))  # a new structure
+    stock = dgl_nn.GraphConv(5, 3)
+    stock.load_state_dict(conv.state_dict())
+    assert rel_err(conv(graph, feat), stock(graph, feat)) < TOL and len(builds) == 2
+
+
+def test_convert_and_patch():
+    model = torch.nn.ModuleList([dgl_nn.GraphConv(5, 5), dgl_nn.SAGEConv(5, 5, "pool"), dgl_nn.SGConv(5, 5)])
+    graph, feat = graph_case("homo-loops"), torch.randn(36, 5)
+    expected = [m(graph, feat) for m in model]
+    assert fd.convert(model) is model
+    assert [type(m) for m in model] == [fd.GraphConv, fd.SAGEConv, fd.SGConv]
+    assert all(rel_err(m(graph, feat), e) < TOL for m, e in zip(model, expected))
+
+    user = types.ModuleType("user_dgl_script")
+    user.GraphConv = dgl_nn.GraphConv
+    sys.modules[user.__name__] = user
+    try:
+        fd.patch()
+        assert dgl.nn.GraphConv is fd.GraphConv and dgl.nn.pytorch.conv.SAGEConv is fd.SAGEConv
+        assert user.GraphConv is fd.GraphConv
+        assert dgl_conv.graphconv.GraphConv is not fd.GraphConv  # the defining module keeps it
+    finally:
+        fd.unpatch()
+        del sys.modules[user.__name__]
+    assert dgl.nn.GraphConv is dgl_conv.graphconv.GraphConv and user.GraphConv is dgl.nn.GraphConv

@@ -1,0 +1,391 @@
+"""fgplugin.pyg layers against the stock PyG layers: outputs and gradients, every input kind,
+caching, errors, torch.compile, TorchScript, convert() and patch()."""
+import gc
+import sys
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+import torch_geometric.nn as pyg_nn  # noqa: E402
+from torch_geometric import EdgeIndex  # noqa: E402
+from torch_geometric.typing import SparseTensor  # noqa: E402
+from torch_geometric.utils import to_torch_coo_tensor, to_torch_csc_tensor, to_torch_csr_tensor  # noqa: E402
+
+import fgplugin  # noqa: E402
+import fgplugin.pyg as fp  # noqa: E402
+from fgplugin.pyg import _graph  # noqa: E402
+from fgplugin.pyg._layer import FgpluginLayer, Plan  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Converting sparse tensor to CSR format")
+
+TOL = 1e-5  # relative Frobenius error, fp32
+
+
+def graph_case(name: str):
+    """(edge_index, edge_weight, num_nodes) of a labelled, seeded graph case."""
+    g = torch.Generator().manual_seed(7)
+    n = 40
+    if name == "empty":
+        ei = torch.zeros(2, 0, dtype=torch.long)
+    elif name == "path":
+        ei = torch.stack([torch.arange(n - 1), torch.arange(1, n)])
+        ei = torch.cat([ei, ei.flip(0)], 1)
+    elif name == "hub":  # one node receives from everyone, plus a sparse random rest
+        ei = torch.cat([torch.stack([torch.arange(1, n), torch.zeros(n - 1, dtype=torch.long)]),
+                        torch.randint(0, n, (2, 30), generator=g)], 1)
+        ei = ei[:, ei[0] != ei[1]]
+    elif name == "messy":  # isolated nodes, self loops (one duplicated), duplicate edges
+        ei = torch.randint(0, n - 5, (2, 120), generator=g)
+        ei = torch.cat([ei, torch.tensor([[1, 1, 2, 7], [1, 1, 2, 7]]), ei[:, :10]], 1)
+    else:
+        raise KeyError(name)
+    return ei, torch.rand(ei.shape[1], generator=g) + 0.1, n
+
+
+CASES = ["empty", "path", "hub", "messy"]
+
+
+def rel_err(a, b):
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+@pytest.fixture
+def fgplugin_only(monkeypatch):
+    """Makes a call fail if an fgplugin layer hands it to the stock code."""
+    def refuse(self, *args):
+        raise AssertionError(f"{type(self).__name__} took the stock code path")
+    monkeypatch.setattr(FgpluginLayer, "_stock_forward", refuse)
+
+
+# Input kinds: (name, builder(edge_index, weight, n) -> forward args, uses the weight)
+def _ei(ei, w, n): return (ei,)
+def _ei_w(ei, w, n): return (ei, w)
+def _edge_index_cls(ei, w, n): return (EdgeIndex(ei, sparse_size=(n, n)), w)
+def _coo(ei, w, n): return (to_torch_coo_tensor(ei, w.detach(), (n, n)).t(),)
+def _csr(ei, w, n): return (to_torch_csr_tensor(ei.flip(0), w, (n, n)),)
+def _csc_t(ei, w, n): return (to_torch_csc_tensor(ei, w, (n, n)).t(),)
+def _csr_unweighted(ei, w, n): return (to_torch_csr_tensor(ei.flip(0), None, (n, n)),)
+
+
+KINDS = [_ei, _ei_w, _edge_index_cls, _coo, _csr, _csc_t, _csr_unweighted]
+LAYERS = {
+    "gcn": lambda cls: cls(8, 6),
+    "gcn-improved": lambda cls: cls(8, 6, improved=True),
+    "gcn-no-loops": lambda cls: cls(8, 6, add_self_loops=False),
+    "gcn-no-norm": lambda cls: cls(8, 6, normalize=False, add_self_loops=False, bias=False),
+    "sg": lambda cls: cls(8, 6, K=3),
+    "lg": lambda cls: cls(),
+    "lg-no-norm": lambda cls: cls(normalize=False),
+}
+CLASS_OF = {"gcn": "GCNConv", "sg": "SGConv", "lg": "LGConv", "sage": "SAGEConv"}
+
+
+def make_pair(config: str, make):
+    name = CLASS_OF[config.split("-")[0]]
+    torch.manual_seed(0)
+    stock = make(getattr(pyg_nn, name))
+    ours = make(getattr(fp, name))
+    ours.load_state_dict(stock.state_dict())
+    return stock, ours
+
+
+def assert_same(stock, ours, x, args_stock, args_ours, weights=()):
+    """Outputs and gradients (x, parameters, edge weights) within TOL."""
+    x_s, x_o = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_s, out_o = stock(x_s, *args_stock), ours(x_o, *args_ours)
+    assert out_o.shape == out_s.shape
+    assert rel_err(out_o, out_s) < TOL
+    grad = torch.randn_like(out_s)
+    out_s.backward(grad)
+    out_o.backward(grad)
+    assert rel_err(x_o.grad, x_s.grad) < TOL
+    for (name, p_s), p_o in zip(stock.named_parameters(), ours.parameters()):
+        assert rel_err(p_o.grad, p_s.grad) < TOL, name
+    for w_s, w_o in weights:
+        assert (w_s.grad is None) == (w_o.grad is None)
+        if w_s.grad is not None:
+            assert rel_err(w_o.grad, w_s.grad) < TOL
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__.strip("_"))
+@pytest.mark.parametrize("config", LAYERS)
+def test_matches_stock(config, kind, case, fgplugin_only):
+    ei, w, n = graph_case(case)
+    stock, ours = make_pair(config, LAYERS[config])
+    w_s, w_o = w.clone().requires_grad_(kind is not _coo), w.clone().requires_grad_(kind is not _coo)
+    x = torch.randn(n, 8)
+    assert_same(stock, ours, x, kind(ei, w_s, n), kind(ei, w_o, n), [(w_s, w_o)])
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("kind", [_ei, _edge_index_cls, _coo, _csr, _csr_unweighted],
+                         ids=lambda k: k.__name__.strip("_"))
+@pytest.mark.parametrize("options", [{}, {"project": True, "normalize": True}, {"root_weight": False}])
+def test_sage_matches_stock(options, kind, case, fgplugin_only):
+    ei, w, n = graph_case(case)
+    stock, ours = make_pair("sage", lambda cls: cls(8, 6, **options))
+    args = kind(ei, w, n)[:1]  # SAGEConv takes no edge weights
+    assert_same(stock, ours, torch.randn(n, 8), args, args)
+
+
+def test_sage_bipartite_matches_stock(fgplugin_only):
+    ei = torch.tensor([[0, 1, 2, 3, 3], [0, 0, 1, 1, 2]])
+    x_src, x_dst = torch.randn(4, 8), torch.randn(3, 16)
+    stock, ours = make_pair("sage", lambda cls: cls((8, 16), 6))
+    assert rel_err(ours((x_src, x_dst), ei), stock((x_src, x_dst), ei)) < TOL
+    assert rel_err(ours((x_src, None), ei, (4, 3)), stock((x_src, None), ei, (4, 3))) < TOL
+    adj_t = to_torch_csc_tensor(ei, size=(4, 3)).t()
+    assert rel_err(ours((x_src, x_dst), adj_t), stock((x_src, x_dst), ei)) < TOL
+
+
+@pytest.mark.parametrize("name", ["cora", "citeseer", "chameleon"])
+def test_real_graphs_match_stock(name, fgplugin_only):
+    from fgplugin.datasets import load_npz, require_shared_data
+
+    require_shared_data()
+    data = load_npz(name, features=None)
+    ei, n = data.edge_index, data.num_nodes
+    w = torch.rand(ei.shape[1], generator=torch.Generator().manual_seed(0))
+    x = torch.randn(n, 8)
+    for config in ("gcn", "sg", "lg"):
+        stock, ours = make_pair(config, LAYERS[config])
+        assert_same(stock, ours, x, (ei, w), (ei, w))
+    stock, ours = make_pair("sage", lambda cls: cls(8, 6))
+    assert_same(stock, ours, x, (ei,), (ei,))
+
+
+def test_other_inputs_match_stock(fgplugin_only):
+    ei, w, n = graph_case("path")
+    stock, ours = make_pair("gcn", LAYERS["gcn"])
+    # PyG's static graphs: [batch, nodes, features]
+    x = torch.randn(3, n, 8)
+    assert rel_err(ours(x, ei), stock(x, ei)) < TOL
+    # sparse node features
+    xs = torch.randn(n, 8).relu().to_sparse()
+    assert rel_err(ours(xs, ei), stock(xs, ei)) < TOL
+    # reversed flow and int32 ids
+    stock.flow = ours.flow = "target_to_source"
+    assert rel_err(ours(x[0], ei.int(), w), stock(x[0], ei.int(), w)) < TOL
+    # a TiledAdjacency
+    ours.flow = "source_to_target"
+    stock.flow = "source_to_target"
+    adj = fgplugin.TiledAdjacency.from_edge_index(ei, n)
+    assert rel_err(ours(x[0], adj), stock(x[0], ei)) < TOL
+    assert rel_err(ours(x[0], adj, w), stock(x[0], ei, w)) < TOL
+
+
+def test_sparse_tensor_inputs(fgplugin_only):
+    """torch_sparse.SparseTensor: stock semantics (fill_diag replaces existing self loops)."""
+    ei, w, n = graph_case("messy")
+    adj_t = _sparse_tensor(ei.flip(0), w, n)
+    x = torch.randn(n, 8)
+    conv = fp.GCNConv(8, 6, improved=True)
+    fill = torch.zeros(n, n).index_put_((ei[1], ei[0]), w, accumulate=True).fill_diagonal_(2.0)
+    d = fill.sum(1).rsqrt()
+    expected = (d[:, None] * fill * d[None, :]) @ conv.lin(x) + conv.bias
+    assert rel_err(conv(x, adj_t), expected) < TOL
+    sage_stock, sage = make_pair("sage", lambda cls: cls(8, 6))
+    assert rel_err(sage(x, adj_t), sage_stock(x, ei)) < TOL  # the mean ignores the values
+    conv.cached = True
+    conv(x, adj_t)
+    assert isinstance(conv._cached_adj_t, Plan) and conv._cached_edge_index is None
+
+
+def _sparse_tensor(index, value, n):
+    """A torch_sparse.SparseTensor, or a stand-in with the methods fgplugin uses without it."""
+    import torch_geometric.typing
+
+    if torch_geometric.typing.WITH_TORCH_SPARSE:
+        return SparseTensor(row=index[0], col=index[1], value=value, sparse_sizes=(n, n))
+
+    class StandIn(SparseTensor):
+        def __init__(self):
+            pass
+
+        @property
+        def storage(self):
+            return types.SimpleNamespace(value=lambda: value)
+
+        def coo(self):
+            return index[0], index[1], value
+
+        def sparse_sizes(self):
+            return (n, n)
+
+    return StandIn()
+
+
+def test_structure_cache(monkeypatch, fgplugin_only):
+    builds = []
+    original = fgplugin.TiledAdjacency.from_edge_index.__func__
+    monkeypatch.setattr(fgplugin.TiledAdjacency, "from_edge_index",
+                        classmethod(lambda cls, *a, **k: builds.append(1) or original(cls, *a, **k)))
+    ei, w, n = graph_case("hub")
+    ei = ei.clone()
+    x = torch.randn(n, 8)
+    convs = [fp.GCNConv(8, 6), fp.GCNConv(8, 6), fp.SAGEConv(8, 6)]
+    for conv in convs * 2:
+        conv(x, ei)
+    convs[0](x, ei, w)
+    assert len(builds) == 1  # one structure for every layer, call and weighting
+    stock = pyg_nn.GCNConv(8, 6)
+    stock.load_state_dict(convs[0].state_dict())
+    ei[1, 0] = 5  # an in-place edit is a new graph
+    assert rel_err(convs[0](x, ei), stock(x, ei)) < TOL and len(builds) == 2
+    key = id(ei)
+    del ei
+    gc.collect()
+    assert key not in _graph._cache  # the entry dies with its edge_index
+
+
+def test_cached_semantics(fgplugin_only):
+    ei, w, n = graph_case("path")
+    x = torch.randn(n, 8)
+    stock, ours = make_pair("gcn", lambda cls: cls(8, 6, cached=True))
+    other = graph_case("hub")[0]
+    for conv in (stock, ours):
+        conv(x, ei)
+    assert isinstance(ours._cached_edge_index, Plan)
+    # like stock, a cached layer ignores the graphs of later calls ...
+    assert rel_err(ours(x, other), stock(x, other)) < TOL
+    assert rel_err(ours(x, other), ours(x, ei)) < TOL
+    # ... until its cache is reset
+    ours._cached_edge_index = None
+    stock._cached_edge_index = None
+    assert rel_err(ours(x, other), stock(x, other)) < TOL
+    assert rel_err(ours(x, other), ours(x, ei)) < TOL  # and caches the new graph
+    ours.reset_parameters()
+    assert ours._cached_edge_index is None
+    uncached = fp.GCNConv(8, 6)
+    assert rel_err(uncached(x, other), uncached(x, ei)) > 1e-3  # cached=False honours each graph
+    sg_stock, sg = make_pair("sg", lambda cls: cls(8, 6, K=2, cached=True))
+    for conv in (sg_stock, sg):
+        conv(x, ei)
+    assert rel_err(sg(x + 1, other), sg_stock(x + 1, other)) < TOL
+
+
+def test_cached_stock_norm_is_adopted(fgplugin_only):
+    """A layer converted after the stock code cached its norm goes on with fgplugin."""
+    ei, w, n = graph_case("messy")
+    x = torch.randn(n, 8)
+    for flow in ("source_to_target", "target_to_source"):
+        model = pyg_nn.GCNConv(8, 6, cached=True, flow=flow)
+        expected = model(x, ei, w)
+        fp.convert(model)
+        assert rel_err(model(x, ei), expected) < TOL  # the cached (weighted) graph still rules
+        assert isinstance(model._cached_edge_index, Plan)
+
+
+@pytest.mark.parametrize("make, args", [
+    (lambda cls: cls(8, 6), lambda ei, n: (ei.float(),)),                      # float ids
+    (lambda cls: cls(8, 6), lambda ei, n: (torch.tensor([[0, 99], [1, 0]]),)),  # id out of range
+    (lambda cls: cls(8, 6), lambda ei, n: (ei[0],)),                            # 1-D
+    (lambda cls: cls(8, 6, flow="target_to_source"), lambda ei, n: (to_torch_csr_tensor(ei, size=(n, n)),)),
+    (lambda cls: cls(8, 6), lambda ei, n: (to_torch_csr_tensor(ei, size=(n + 1, n + 1)),)),  # wrong size
+])
+def test_rejected_inputs_raise_as_stock(make, args):
+    ei, w, n = graph_case("path")
+    x = torch.randn(n, 8)
+    with pytest.raises(Exception) as stock_error:
+        make(pyg_nn.GCNConv)(x, *args(ei, n))
+    with pytest.raises(stock_error.type):
+        make(fp.GCNConv)(x, *args(ei, n))
+    with pytest.raises(ValueError, match="tuple"):
+        fp.GCNConv(8, 6)((x, x), ei)
+
+
+def test_nan_weights_propagate_as_in_stock():
+    ei, w, n = graph_case("path")
+    w[3] = float("nan")  # fgplugin refuses NaN weights; the stock layer propagates them
+    stock, ours = make_pair("gcn", LAYERS["gcn"])
+    x = torch.randn(n, 8)
+    assert torch.equal(ours(x, ei, w).isnan(), stock(x, ei, w).isnan())
+
+
+def test_message_hooks_keep_the_stock_path():
+    ei, w, n = graph_case("path")
+    conv = fp.GCNConv(8, 6)
+    seen = []
+    conv.register_message_forward_hook(lambda module, inputs, out: seen.append(out.shape))
+    stock = pyg_nn.GCNConv(8, 6)
+    stock.load_state_dict(conv.state_dict())
+    x = torch.randn(n, 8)
+    assert rel_err(conv(x, ei), stock(x, ei)) < TOL and seen
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit itself is deprecated
+def test_torchscript_scripts_the_stock_layer():
+    ei, w, n = graph_case("path")
+    x = torch.randn(n, 8)
+    for conv in (fp.GCNConv(8, 6, cached=True), fp.SAGEConv(8, 6), fp.SGConv(8, 6), fp.LGConv()):
+        expected = conv(x, ei)
+        scripted = torch.jit.script(conv)
+        assert rel_err(scripted(x, ei), expected) < TOL
+        assert type(conv).__module__.startswith("fgplugin")  # the layer itself is untouched
+
+
+def test_torch_compile_has_no_graph_breaks():
+    torch._dynamo.reset()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = fp.GCNConv(8, 16), fp.GCNConv(16, 4)
+
+        def forward(self, x, edge_index):
+            return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+    ei, w, n = graph_case("messy")
+    model, x = Net(), torch.randn(n, 8)
+    expected = model(x, ei)  # eager: the structure is built and cached
+    assert torch._dynamo.explain(model)(x, ei).graph_break_count == 0
+    compiled = torch.compile(model, fullgraph=True)
+    out = compiled(x, ei)
+    assert rel_err(out, expected) < TOL
+    out.sum().backward()
+    torch._dynamo.reset()
+
+
+def test_convert_keeps_weights_and_returns_the_model():
+    ei, w, n = graph_case("path")
+    model = torch.nn.Sequential()
+    model.gcn, model.sage, model.lg = pyg_nn.GCNConv(8, 8), pyg_nn.SAGEConv(8, 8, aggr="max"), pyg_nn.LGConv()
+
+    class Custom(pyg_nn.GCNConv):
+        pass
+
+    model.custom = Custom(8, 8)
+    x = torch.randn(n, 8)
+    expected = [m(x, ei) for m in model]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert fp.convert(model) is model
+    assert [type(m) for m in model] == [fp.GCNConv, fp.SAGEConv, fp.LGConv, Custom]
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert all(rel_err(m(x, ei), e) < TOL for m, e in zip(model, expected))
+    assert type(fp.convert(pyg_nn.SGConv(8, 8))) is fp.SGConv
+
+
+def test_patch_reaches_bound_names_and_unpatch_restores():
+    import torch_geometric.nn.conv.gcn_conv as gcn_module
+    import torch_geometric.nn.models.basic_gnn as basic_gnn
+
+    user = types.ModuleType("user_script")
+    user.GCNConv = pyg_nn.GCNConv  # `from torch_geometric.nn import GCNConv` before patch()
+    sys.modules[user.__name__] = user
+    try:
+        fp.patch()
+        fp.patch()  # idempotent
+        assert pyg_nn.GCNConv is fp.GCNConv and pyg_nn.conv.SAGEConv is fp.SAGEConv
+        assert basic_gnn.GCNConv is fp.GCNConv and user.GCNConv is fp.GCNConv
+        assert gcn_module.GCNConv is not fp.GCNConv  # the defining module keeps the stock class
+        model = pyg_nn.models.GCN(8, 16, num_layers=2, out_channels=4)
+        assert all(type(conv) is fp.GCNConv for conv in model.convs)
+    finally:
+        fp.unpatch()
+        del sys.modules[user.__name__]
+    assert pyg_nn.GCNConv is gcn_module.GCNConv and basic_gnn.GCNConv is gcn_module.GCNConv
+    assert user.GCNConv is gcn_module.GCNConv
