@@ -19,6 +19,12 @@ kind       row scale r                            column scale c                
 ``fill`` = 1, or 2 when ``improved``. ``add_self_loops=False`` gives LGConv's normalization.
 Degrees of DGL's norms are edge counts, as in ``dgl.nn.GraphConv`` (which ignores edge weights in
 its norm); ``gcn`` uses weighted degrees, as PyG does.
+
+Where stock PyG's ``gcn_norm`` depends on the input kind, ``fgplugin.pyg.GCNConv`` reproduces it
+on top of these scales (adapters/pyg): torch.sparse inputs add a loop to every node,
+``SparseTensor`` inputs overwrite the diagonal, a node with duplicate self loops keeps the last
+one's weight, and PyG 2.8 ignores ``improved`` on unweighted ``edge_index``. Here a node's
+duplicate self loops count with their summed weight.
 """
 from __future__ import annotations
 

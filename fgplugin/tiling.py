@@ -160,14 +160,15 @@ class TiledAdjacency:
                             values, shape=csr.shape, **options)
 
     def with_values(self, edge_values) -> "TiledAdjacency":
-        """The same structure (and plan) with new edge weights, given in the order of the edge list
-        this adjacency was built from (or ``None`` for unit weights). Differentiable."""
+        """The same structure (and plan) with new edge weights, or ``None`` for unit weights.
+        Differentiable. The weights come in the order of the edge list this adjacency was built
+        from (``from_edge_index``), or in CSR order when it was built from CSR or scipy. The
+        finite-value check is skipped under torch.compile, where it would need a host sync."""
         if edge_values is not None:
-            if self.edge_perm is None:
-                raise ValueError("with_values() needs the edge order of the original edge list; build the "
-                                 "adjacency with keep_edge_order=True (the default of from_edge_index)")
-            edge_values = check_edge_values(edge_values, self.nnz, "edge values", self.device)
-            edge_values = edge_values[self.edge_perm.long()]
+            edge_values = check_edge_values(edge_values, self.nnz, "edge values", self.device,
+                                            check_finite=not torch.compiler.is_compiling())
+            if self.edge_perm is not None:
+                edge_values = edge_values[self.edge_perm.long()]
         clone = TiledAdjacency(self.rowptr, self.col, edge_values, self.shape, edge_perm=self.edge_perm,
                                tiles=self.tiles, _shared=self._shared)
         clone.perm, clone.inv_perm = self.perm, self.inv_perm

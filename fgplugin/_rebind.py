@@ -1,0 +1,57 @@
+"""Swapping stock layer classes for fgplugin's drop-ins: the shared half of both adapters'
+``convert(model)``, ``patch()`` and ``unpatch()`` (framework-neutral: it only moves classes)."""
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import torch
+
+
+class LayerRebinder:
+    """``layers`` maps each stock layer class to its fgplugin drop-in; ``on_convert`` runs on each
+    module whose class :meth:`convert` changed (PyG regenerates its ``propagate`` there)."""
+
+    def __init__(self, layers: dict[type, type], on_convert: Callable[[torch.nn.Module], None] | None = None):
+        self.layers = layers
+        self.on_convert = on_convert
+        self._patched: list[tuple[dict, str, type]] = []  # (module namespace, name, stock class)
+
+    def convert(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Swaps every stock layer of ``model`` (``model`` itself included) for its drop-in, in place,
+        and returns ``model``. Parameters, buffers, hooks and settings stay: only the class changes
+        (the drop-ins add no state). Subclasses of the stock layers are left alone, since they may
+        override what the drop-in replaces."""
+        for module in model.modules():
+            ours = self.layers.get(type(module))
+            if ours is not None:
+                module.__class__ = ours
+                if self.on_convert is not None:
+                    self.on_convert(module)
+        return model
+
+    def patch(self) -> None:
+        """Makes the stock names resolve to the drop-ins, so unmodified scripts use them.
+
+        Every imported module that holds a stock layer class under some name gets the drop-in
+        instead, including modules that bound the class at import and user modules that imported
+        it before. The defining modules keep the stock class, so existing stock objects still
+        pickle. Idempotent; undone by :meth:`unpatch`.
+        """
+        stock_by_id = {id(stock): stock for stock in self.layers}  # id(): touches no attribute of odd objects
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict) or str(namespace.get("__name__", "")).startswith("fgplugin"):
+                continue
+            for name, value in list(namespace.items()):
+                stock = stock_by_id.get(id(value))
+                if stock is not None and namespace["__name__"] != stock.__module__:
+                    namespace[name] = self.layers[stock]
+                    self._patched.append((namespace, name, stock))
+
+    def unpatch(self) -> None:
+        """Restores every name :meth:`patch` rebound (layers already built stay drop-ins)."""
+        while self._patched:
+            namespace, name, stock = self._patched.pop()
+            if namespace.get(name) is self.layers[stock]:
+                namespace[name] = stock
