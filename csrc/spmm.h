@@ -10,8 +10,21 @@
 #include <ATen/OpMathType.h>
 
 #include <optional>
+#include <string>
 
 namespace fgplugin {
+
+// Numbers in error messages go through std::to_string, never through the ostream of c10::str: on
+// the H100 machine (torch 2.11 built with gcc-toolset-13, this extension with the system g++ 13),
+// streaming an integer into an error message segfaulted the process, while text and dtypes
+// streamed fine.
+inline std::string num(int64_t value) { return std::to_string(value); }
+
+inline std::string dims(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
 
 inline at::ScalarType aux_dtype_for(at::ScalarType x_dtype) {
   return x_dtype == at::kDouble ? at::kDouble : at::kFloat;

@@ -10,7 +10,7 @@ void check_aux(const std::optional<at::Tensor>& t, const char* name, int64_t num
                       at::ScalarType dtype, const at::Tensor& x) {
   if (!t.has_value()) return;
   TORCH_CHECK(t->dim() == 1 && t->numel() == numel, "fgplugin.spmm: ", name,
-              " must be a 1-D tensor with ", numel, " entries, got shape ", t->sizes());
+              " must be a 1-D tensor with ", num(numel), " entries, got shape ", dims(t->sizes()));
   TORCH_CHECK(t->scalar_type() == dtype, "fgplugin.spmm: ", name, " must have dtype ", dtype,
               " for x of dtype ", x.scalar_type(), ", got ", t->scalar_type(),
               " (fgplugin.spmm casts it for you; call the op through it)");
@@ -26,8 +26,8 @@ int64_t check_csr_and_x(const at::Tensor& rowptr, const at::Tensor& col, const a
               ": rowptr must be int32 or int64, got ", rowptr.scalar_type());
   TORCH_CHECK(col.dim() == 1 && col.scalar_type() == rowptr.scalar_type(), op,
               ": col must be 1-D with the dtype of rowptr (", rowptr.scalar_type(), "), got ",
-              col.scalar_type(), " of shape ", col.sizes());
-  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [num_source_nodes, F], got shape ", x.sizes());
+              col.scalar_type(), " of shape ", dims(col.sizes()));
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [num_source_nodes, F], got shape ", dims(x.sizes()));
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": x must be floating point, got ", x.scalar_type());
   TORCH_CHECK(rowptr.device() == x.device() && col.device() == x.device(), op,
               ": the adjacency is on ", rowptr.device(), " but x is on ", x.device(),
@@ -61,8 +61,8 @@ SddmmArgs prepare_sddmm(const at::Tensor& rowptr, const at::Tensor& col, const a
   const int64_t n_rows = check_csr_and_x(rowptr, col, b, "fgplugin.sddmm");
   TORCH_CHECK(a.dim() == 2 && a.size(0) == n_rows && a.size(1) == b.size(1) &&
                   a.scalar_type() == b.scalar_type() && a.device() == b.device(),
-              "fgplugin.sddmm: a must be [n_rows=", n_rows, ", F=", b.size(1),
-              "] with the dtype and device of b, got ", a.sizes(), " ", a.scalar_type());
+              "fgplugin.sddmm: a must be [n_rows=", num(n_rows), ", F=", num(b.size(1)),
+              "] with the dtype and device of b, got ", dims(a.sizes()), " ", a.scalar_type());
   return {rowptr.contiguous(), col.contiguous(), a.contiguous(), b.contiguous(), n_rows};
 }
 

@@ -273,8 +273,8 @@ def test_forward_backward_through_fgplugin_spmm(weighted, square):
     x_cpu, rs, cs, d = _inputs(case, 40, torch.float32, 3, device="cpu")
     results = {}
     for name, a, dev in (("cpu", adj_cpu, "cpu"), ("cuda", adj, "cuda")):
-        x = x_cpu.to(dev).requires_grad_()
-        scales = [t.to(dev).requires_grad_() for t in (rs, cs, d)]
+        x = x_cpu.detach().to(dev, copy=True).requires_grad_()  # fresh leaves for each device
+        scales = [t.detach().to(dev, copy=True).requires_grad_() for t in (rs, cs, d)]
         with precision("fp32"):
             out = fgplugin.spmm(a, x, *scales)
             g = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(dev)

@@ -6,13 +6,13 @@ namespace fgplugin {
 
 void check_block_plan(const SpmmArgs& a, at::TensorList plan) {
   TORCH_CHECK(plan.size() == static_cast<size_t>(kPlanLength) && plan[0].numel() == 4,
-              "fgplugin.spmm: kernel plan has ", plan.size(), " tensors, expected ", kPlanLength,
-              " (plan format ", kPlanVersion, "); rebuild it with the installed fgplugin.kernel_plan");
+              "fgplugin.spmm: kernel plan has ", num(static_cast<int64_t>(plan.size())), " tensors, expected ",
+              num(kPlanLength), " (plan format ", num(kPlanVersion), "); rebuild it with the installed fgplugin.kernel_plan");
   TORCH_CHECK(a.x.scalar_type() == at::kFloat || a.x.scalar_type() == at::kHalf || a.x.scalar_type() == at::kBFloat16,
               "fgplugin.spmm: the block-adaptive kernel takes float, half or bfloat16 x, got ", a.x.scalar_type());
-  TORCH_CHECK(a.x.size(1) <= block_adaptive_max_features(a.x.scalar_type()), "fgplugin.spmm: F=", a.x.size(1),
+  TORCH_CHECK(a.x.size(1) <= block_adaptive_max_features(a.x.scalar_type()), "fgplugin.spmm: F=", num(a.x.size(1)),
               " is too wide for the block-adaptive kernel; split the features into chunks of at most ",
-              block_adaptive_max_features(a.x.scalar_type()));
+              num(block_adaptive_max_features(a.x.scalar_type())));
   const at::Tensor& dpanel_ptr = plan[1];
   const at::Tensor& dwork = plan[2];
   const at::Tensor& dtile_cp = plan[3];
@@ -30,14 +30,14 @@ void check_block_plan(const SpmmArgs& a, at::TensorList plan) {
   TORCH_CHECK(dpanel_ptr.numel() == (n_rows + 31) / 32 + 1 && item_ptr.numel() == n_items + 1 &&
                   item_slot.numel() == n_items && n_items >= n_rows && dtile_bits.numel() == 32 * dtile_cp.numel() &&
                   split_ptr.numel() == n_split + 1,
-              "fgplugin.spmm: the kernel plan does not match this adjacency (", n_rows,
+              "fgplugin.spmm: the kernel plan does not match this adjacency (", num(n_rows),
               " rows); rebuild it with fgplugin.kernel_plan.kernel_plans");
   TORCH_CHECK(dpanel_ptr.scalar_type() == at::kInt && dwork.scalar_type() == at::kInt &&
                   dtile_cp.scalar_type() == at::kInt && dtile_bits.scalar_type() == at::kInt &&
                   item_slot.scalar_type() == at::kInt && split_ptr.scalar_type() == at::kInt &&
                   split_row.scalar_type() == at::kLong && rem_col.scalar_type() == a.rowptr.scalar_type() &&
                   item_ptr.scalar_type() == a.rowptr.scalar_type() && item_row.scalar_type() == a.rowptr.scalar_type(),
-              "fgplugin.spmm: kernel plan dtypes do not match (plan format ", kPlanVersion, ")");
+              "fgplugin.spmm: kernel plan dtypes do not match (plan format ", num(kPlanVersion), ")");
   if (a.values.has_value()) {
     TORCH_CHECK(rem_eid.numel() == rem_col.numel() && dtile_roff.numel() == dtile_bits.numel() &&
                     dtile_roff.scalar_type() == at::kLong && dense_eid.scalar_type() == at::kLong &&
