@@ -58,30 +58,6 @@ def set_precision(mode):
 
 
 # =========================================================================== check
-def clustered_case(seed, n_src=None, n_dst=None, weighted=False, comm=24):
-    """Communities + uniform noise + a hub row + empty last rows (edge_index, num_nodes, size, weight)."""
-    g = torch.Generator().manual_seed(seed)
-    n_src = n_src or int(torch.randint(40, 300, (1,), generator=g))
-    n_dst = n_dst or n_src
-    parts = []
-    for start in range(0, min(n_src, n_dst) - comm, comm * 2):
-        k = comm * comm // 3
-        parts.append(torch.stack([start + torch.randint(0, comm, (k,), generator=g),
-                                  start + torch.randint(0, comm, (k,), generator=g)]))
-    parts.append(torch.stack([torch.randint(0, n_src, (4 * n_dst,), generator=g),
-                              torch.randint(0, n_dst, (4 * n_dst,), generator=g)]))
-    hub = torch.randint(0, n_src, (min(3 * n_src, 5000),), generator=g)
-    parts.append(torch.stack([hub, torch.full_like(hub, n_dst // 2)]))
-    edges = torch.cat(parts, dim=1)
-    edges = edges[:, edges[1] < n_dst - 3]
-    weight = torch.rand(edges.shape[1], generator=g) + 0.25 if weighted else None
-    square = n_src == n_dst
-    from fgplugin.testing import GraphCase
-
-    return GraphCase(f"clustered-{seed}{'-w' if weighted else ''}{'' if square else '-rect'}", edges,
-                     n_src if square else None, None if square else (n_src, n_dst), weight)
-
-
 class Checker:
     def __init__(self):
         self.failures, self.count = [], 0
@@ -129,7 +105,7 @@ class Checker:
 def check_section(args) -> bool:
     import fgplugin
     from fgplugin.kernel_plan import build_plan
-    from fgplugin.testing import graph_cases, rel_error
+    from fgplugin.testing import clustered_case, graph_cases, rel_error
 
     t0 = time.time()
     ck = Checker()
@@ -216,6 +192,7 @@ def sanitize_section() -> int:
     """A few tiny runs of every kernel path (memcheck/racecheck friendly: small, no timing)."""
     import fgplugin
     from fgplugin.kernel_plan import build_plan
+    from fgplugin.testing import clustered_case
 
     ck = Checker()
     for case in (clustered_case(1, n_src=150, weighted=True), clustered_case(2, n_src=120, n_dst=90),

@@ -93,6 +93,30 @@ def random_graph_case(seed: int, *, n_src: int | None = None, n_dst: int | None 
     return GraphCase(f"{name}-{seed}", edges, n_src if square else None, None if square else (n_src, n_dst), weight)
 
 
+def clustered_case(seed: int, n_src: int | None = None, n_dst: int | None = None, weighted: bool = False,
+                   comm: int = 24, max_hub_edges: int = 5000) -> GraphCase:
+    """Dense communities (dense tiles without reordering) + uniform noise + a hub row with many
+    in-edges + empty last rows: every path of the block-adaptive kernel in one graph."""
+    g = torch.Generator().manual_seed(seed)
+    n_src = n_src or int(torch.randint(40, 300, (1,), generator=g))
+    n_dst = n_dst or n_src
+    parts = []
+    for start in range(0, min(n_src, n_dst) - comm, comm * 2):
+        k = comm * comm // 3
+        parts.append(torch.stack([start + torch.randint(0, comm, (k,), generator=g),
+                                  start + torch.randint(0, comm, (k,), generator=g)]))
+    parts.append(torch.stack([torch.randint(0, n_src, (4 * n_dst,), generator=g),
+                              torch.randint(0, n_dst, (4 * n_dst,), generator=g)]))
+    hub = torch.randint(0, n_src, (min(3 * n_src, max_hub_edges),), generator=g)
+    parts.append(torch.stack([hub, torch.full_like(hub, n_dst // 2)]))
+    edges = torch.cat(parts, dim=1)
+    edges = edges[:, edges[1] < n_dst - 3]
+    weight = torch.rand(edges.shape[1], generator=g) + 0.25 if weighted else None
+    square = n_src == n_dst
+    return GraphCase(f"clustered-{seed}{'-w' if weighted else ''}{'' if square else '-rect'}", edges,
+                     n_src if square else None, None if square else (n_src, n_dst), weight)
+
+
 def _hub(g: torch.Generator) -> GraphCase:
     n = 300
     spokes = torch.arange(1, n)

@@ -20,36 +20,7 @@ import fgplugin
 from fgplugin.kernel_plan import build_plan, kernel_plans, plan_for
 from fgplugin.tiling import TiledAdjacency
 
-try:
-    from fgplugin.testing import dense_spmm, rel_error
-    from fgplugin import testing as _testing
-
-    def registry():
-        cases = getattr(_testing, "GRAPH_CASES", None)
-        return list(cases) if cases is not None else _testing.graph_cases()
-except ImportError:  # the registry is not there yet: a few cases of our own
-    _testing = None
-
-    def dense_spmm(a, x, row_scale=None, col_scale=None, diag=None):
-        a = a.double().clone()
-        if diag is not None:
-            n = diag.numel()
-            a[:n, :n] += torch.diag(diag.double())
-        if col_scale is not None:
-            a = a * col_scale.double().unsqueeze(0)
-        if row_scale is not None:
-            a = a * row_scale.double().unsqueeze(1)
-        return a @ x.double()
-
-    def rel_error(out, ref):
-        out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
-        scale = torch.linalg.vector_norm(ref)
-        diff = torch.linalg.vector_norm(out - ref)
-        return float(diff if scale == 0 else diff / scale)
-
-    def registry():
-        return [_Case(f"rand{s}", *_clustered(s)) for s in range(4)]
-
+from fgplugin.testing import clustered_case, dense_spmm, graph_cases, rel_error
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (block-adaptive kernel)")
 requires_kernel = pytest.mark.skipif(
@@ -58,43 +29,6 @@ requires_kernel = pytest.mark.skipif(
 
 TOL = {"fp32": 1e-5, "tf32": 5e-3, "bf16": 2e-2, "fp16": 1e-2}
 DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class _Case:
-    def __init__(self, name, edge_index, num_nodes=None, size=None, edge_weight=None):
-        self.name, self.edge_index, self.num_nodes, self.size, self.edge_weight = name, edge_index, num_nodes, size, edge_weight
-
-    @property
-    def shape(self):
-        return (self.size[1], self.size[0]) if self.size is not None else (self.num_nodes, self.num_nodes)
-
-    def dense(self):
-        w = torch.ones(self.edge_index.shape[1], dtype=torch.float64) if self.edge_weight is None \
-            else self.edge_weight.double()
-        return torch.zeros(self.shape, dtype=torch.float64).index_put_((self.edge_index[1], self.edge_index[0]), w,
-                                                                       accumulate=True)
-
-
-def _clustered(seed, n_src=None, n_dst=None, weighted=False):
-    """Communities (dense tiles after ordering) + uniform noise + a hub row + an empty tail."""
-    g = torch.Generator().manual_seed(seed)
-    n_src = n_src or int(torch.randint(40, 300, (1,), generator=g))
-    n_dst = n_dst or n_src
-    comm = 24
-    parts = []
-    for start in range(0, min(n_src, n_dst) - comm, comm * 2):
-        k = comm * comm // 3
-        parts.append(torch.stack([start + torch.randint(0, comm, (k,), generator=g),
-                                  start + torch.randint(0, comm, (k,), generator=g)]))
-    parts.append(torch.stack([torch.randint(0, n_src, (4 * n_dst,), generator=g),
-                              torch.randint(0, n_dst, (4 * n_dst,), generator=g)]))
-    hub = torch.randint(0, n_src, (min(3 * n_src, 900),), generator=g)
-    parts.append(torch.stack([hub, torch.full_like(hub, n_dst // 2)]))  # hub row: many in-edges
-    edges = torch.cat(parts, dim=1)
-    edges = edges[:, edges[1] < n_dst - 3]  # the last rows stay empty
-    weight = torch.rand(edges.shape[1], generator=g) + 0.25 if weighted else None
-    square = n_src == n_dst
-    return edges, (n_src if square else None), (None if square else (n_src, n_dst)), weight
 
 
 @contextlib.contextmanager
@@ -171,11 +105,10 @@ def _emulate(plan, adj, x, rs, cs, d):
 @pytest.mark.parametrize("tile_size,threshold,chunk", [(32, 0.05, 16), (16, 0.02, 5), (64, 0.08, 256), (32, 1.0, 3),
                                                        (32, 0.0, 7)])
 def test_plan_semantics_cpu(seed, tile_size, threshold, chunk):
-    edges, n, size, w = _clustered(seed, weighted=seed % 2 == 1, n_dst=None if seed != 2 else 90)
-    case = _Case("c", edges, n, size, w)
+    case = clustered_case(seed, weighted=seed % 2 == 1, n_dst=None if seed != 2 else 90, max_hub_edges=900)
     adj = _adj(case, index_dtype=torch.int64 if seed == 1 else None)
     plan = build_plan(adj.rowptr, adj.col, adj.shape, tile_size=tile_size, threshold=threshold,
-                      weighted=w is not None, chunk=chunk)
+                      weighted=case.edge_weight is not None, chunk=chunk)
     x, rs, cs, d = _inputs(case, 3, torch.float64, seed, device="cpu")
     err = rel_error(_emulate(plan, adj, x, rs, cs, d), dense_spmm(case.dense(), x, rs, cs, d))
     assert err < 1e-12
@@ -188,7 +121,7 @@ def test_plan_semantics_cpu(seed, tile_size, threshold, chunk):
 
 
 def test_cpu_plans_stay_empty():
-    case = _Case("c", *_clustered(0))
+    case = clustered_case(0, max_hub_edges=900)
     adj = _adj(case)
     assert kernel_plans(adj, torch.randn(adj.shape[1], 4), True) == ([], [])
 
@@ -202,7 +135,7 @@ VARIANTS = [(32, None), (32, 0.0), (32, 1.0), (16, 0.02), (64, 0.05)]  # (tile s
 @pytest.mark.parametrize("F", [1, 7, 33, 128])
 def test_registry_fp32(variant, F):
     tile_size, threshold = variant
-    for case in registry():
+    for case in graph_cases():
         for index_dtype in (None, torch.int64):
             adj = _adj(case, index_dtype=index_dtype).to("cuda")
             thr = adj.tiles.threshold if threshold is None else threshold
@@ -220,7 +153,7 @@ def test_registry_fp32(variant, F):
 @pytest.mark.parametrize("mode", ["tf32", "bf16", "fp16"])
 @pytest.mark.parametrize("F", [7, 32, 130])
 def test_registry_low_precision(mode, F):
-    for case in registry():
+    for case in graph_cases():
         adj = _adj(case).to("cuda")
         for threshold in (0.0, adj.tiles.threshold):
             plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold, weighted=adj.values is not None)
@@ -237,12 +170,11 @@ def test_fresh_random_graphs(fresh_seed, mode, F):
     for k in range(3):
         seed = fresh_seed + k
         rect = k == 1
-        edges, n, size, w = _clustered(seed, n_src=200 if rect else None, n_dst=137 if rect else None,
-                                       weighted=k == 2)
-        case = _Case(f"fresh{seed}", edges, n, size, w)
+        case = clustered_case(seed, n_src=200 if rect else None, n_dst=137 if rect else None, weighted=k == 2,
+                              max_hub_edges=900)
         adj = _adj(case, index_dtype=torch.int64 if k == 2 else None).to("cuda")
         for threshold in (0.02, 0.05, 0.10):
-            plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold, weighted=w is not None, chunk=32)
+            plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold, weighted=case.edge_weight is not None, chunk=32)
             x, rs, cs, d = _inputs(case, F, DTYPE[mode], seed)
             with precision(mode):
                 out = _run(adj, plan, x, rs, cs, d)
@@ -251,7 +183,7 @@ def test_fresh_random_graphs(fresh_seed, mode, F):
 
 @requires_kernel
 def test_deterministic():
-    case = _Case("c", *_clustered(5, n_src=3000, weighted=True))
+    case = clustered_case(5, n_src=3000, weighted=True, max_hub_edges=900)
     adj = _adj(case).to("cuda")
     plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=0.03, weighted=True, chunk=16)
     x, rs, cs, d = _inputs(case, 96, torch.float32, 5)
@@ -265,9 +197,8 @@ def test_deterministic():
 @pytest.mark.parametrize("square", [True, False])
 def test_forward_backward_through_fgplugin_spmm(weighted, square):
     """fgplugin.spmm builds the plans itself (forward and transpose); grads match the CPU op."""
-    edges, n, size, w = _clustered(11, n_src=None if square else 180, n_dst=None if square else 100,
-                                   weighted=weighted)
-    case = _Case("c", edges, n, size, w)
+    case = clustered_case(11, n_src=None if square else 180, n_dst=None if square else 100, weighted=weighted,
+                          max_hub_edges=900)
     adj_cpu = _adj(case, threshold=0.03)
     adj = adj_cpu.to("cuda")
     x_cpu, rs, cs, d = _inputs(case, 40, torch.float32, 3, device="cpu")
@@ -288,7 +219,7 @@ def test_forward_backward_through_fgplugin_spmm(weighted, square):
 
 @requires_kernel
 def test_bf16_backward_and_plan_cache():
-    case = _Case("c", *_clustered(3, n_src=500))
+    case = clustered_case(3, n_src=500, max_hub_edges=900)
     adj = _adj(case).to("cuda")
     x = torch.randn(adj.shape[1], 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     out = fgplugin.spmm(adj, x, *adj.norm("gcn"))
@@ -303,7 +234,7 @@ def test_bf16_backward_and_plan_cache():
 def test_auto_threshold_probe():
     from fgplugin.autotune import CANDIDATES, choose_threshold
 
-    case = _Case("c", *_clustered(4, n_src=2000))
+    case = clustered_case(4, n_src=2000, max_hub_edges=900)
     adj = _adj(case).to("cuda")
     x = torch.randn(adj.shape[1], 128, device="cuda")
     best = choose_threshold(adj, x)
@@ -313,8 +244,8 @@ def test_auto_threshold_probe():
 
 @requires_kernel
 def test_plan_mismatch_is_an_error():
-    a = _adj(_Case("a", *_clustered(0, n_src=100))).to("cuda")
-    b = _adj(_Case("b", *_clustered(1, n_src=200))).to("cuda")
+    a = _adj(clustered_case(0, n_src=100, max_hub_edges=900)).to("cuda")
+    b = _adj(clustered_case(1, n_src=200, max_hub_edges=900)).to("cuda")
     plan = build_plan(b.rowptr, b.col, b.shape)
     with pytest.raises(RuntimeError, match="plan"):
         _run(a, plan, torch.randn(a.shape[1], 8, device="cuda"), None, None, None)
