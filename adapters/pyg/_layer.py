@@ -78,6 +78,14 @@ class FgpluginLayer:
         """False where the stock propagate() must run: explain mode, decomposed layers, hooks."""
         return not self._explain and self.decomposed_layers == 1 and not any(getattr(self, h) for h in _HOOKS)
 
+    def _served_plan(self, x, edge_index, edge_weight) -> Plan | None:
+        """The plan for a node-feature input ``x`` of a one-node-set layer when fgplugin serves
+        this call (else ``None``: the caller runs the stock code)."""
+        if not (isinstance(x, Tensor) and x.dim() >= 2 and self._fgplugin_serves()):
+            return None
+        plan = self._plan(x.size(self.node_dim), edge_index, edge_weight)
+        return plan if fits(plan, x, self.node_dim) else None
+
     def _stock_forward(self, *args):
         # The stock code reads its caches as normalized graphs, never as our plans.
         for name in self._plan_caches:

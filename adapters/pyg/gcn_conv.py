@@ -9,7 +9,7 @@ from torch_geometric.typing import Adj, OptTensor, SparseTensor
 from fgplugin import Normalization, TiledAdjacency
 
 from ._graph import SPARSE_KINDS, Graph, graph_of, values_of
-from ._layer import NO_NORM, FgpluginLayer, Plan, aggregate, fits, weighted
+from ._layer import NO_NORM, FgpluginLayer, Plan, aggregate, weighted
 
 
 def gcn_scales(graph: Graph, adj: TiledAdjacency, values: Tensor | None, improved: bool = False,
@@ -93,10 +93,8 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
     propagate_type = {"x": Tensor, "edge_weight": OptTensor}
 
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
-        plan = None
-        if isinstance(x, Tensor) and x.dim() >= 2 and self._fgplugin_serves():
-            plan = self._plan(x.size(self.node_dim), edge_index, edge_weight)
-        if not fits(plan, x, self.node_dim):
+        plan = self._served_plan(x, edge_index, edge_weight)
+        if plan is None:
             return self._stock_forward(x, edge_index, edge_weight)
         out = aggregate(plan, self.lin(x), self.node_dim)
         if self.bias is not None:

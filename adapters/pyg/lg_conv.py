@@ -6,7 +6,7 @@ from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor
 
 from ._graph import SPARSE_KINDS, graph_of, values_of
-from ._layer import NO_NORM, FgpluginLayer, Plan, aggregate, fits, weighted
+from ._layer import NO_NORM, FgpluginLayer, Plan, aggregate, weighted
 
 
 class LGConv(FgpluginLayer, pyg_conv.LGConv):
@@ -23,10 +23,8 @@ class LGConv(FgpluginLayer, pyg_conv.LGConv):
     propagate_type = {"x": Tensor, "edge_weight": OptTensor}
 
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
-        plan = None
-        if isinstance(x, Tensor) and x.dim() >= 2 and self._fgplugin_serves():
-            plan = self._plan(x.size(self.node_dim), edge_index, edge_weight)
-        if not fits(plan, x, self.node_dim):
+        plan = self._served_plan(x, edge_index, edge_weight)
+        if plan is None:
             return self._stock_forward(x, edge_index, edge_weight)
         return aggregate(plan, x, self.node_dim)
 

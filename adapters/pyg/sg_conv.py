@@ -6,7 +6,7 @@ from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor
 
 from ._graph import SPARSE_KINDS, graph_of, values_of
-from ._layer import FgpluginLayer, Plan, aggregate, fits, weighted
+from ._layer import FgpluginLayer, Plan, aggregate, weighted
 from .gcn_conv import gcn_scales
 
 
@@ -27,10 +27,8 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
         if self._cached_x is not None:  # as stock: the features propagated on the first call
             return self.lin(self._cached_x.detach())
-        plan = None
-        if isinstance(x, Tensor) and x.dim() >= 2 and self._fgplugin_serves():
-            plan = self._plan(x.size(self.node_dim), edge_index, edge_weight)
-        if not fits(plan, x, self.node_dim):
+        plan = self._served_plan(x, edge_index, edge_weight)
+        if plan is None:
             return self._stock_forward(x, edge_index, edge_weight)
         for _ in range(self.K):
             x = aggregate(plan, x, self.node_dim)
