@@ -316,3 +316,21 @@ def test_replication_must_fit_world(cora_path):
             ShardingContext(comm="allgather")
     finally:
         dist.destroy_process_group()
+
+
+def _train_only(rank, world, path, configs):
+    data = _cora(path)
+    out = {}
+    for replication, comm, perm_kind in configs:
+        trainer = _trainer(data, replication, comm, perm_kind)
+        for _ in range(EPOCHS):
+            stats = trainer.step()
+        out[(replication, comm, perm_kind)] = (_weights(trainer), stats["loss"], None)
+    return out
+
+
+def test_eight_ranks_1d_and_15d_match_single_process(cora_path, reference):
+    """Issue 8's CPU check: 1D p=8 and 1.5D p=8 r=2 (4 row blocks) against single-process training."""
+    configs = [(1, "sparse", "random"), (2, "sparse", "random")]
+    ranks = _ok(_launch(8, _train_only, cora_path, configs, deadline_s=300), 8)
+    _check_equal(ranks, *reference, configs)
