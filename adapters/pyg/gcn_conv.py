@@ -96,7 +96,12 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         plan = self._served_plan(x, edge_index, edge_weight)
         if plan is None:
             return self._stock_forward(x, edge_index, edge_weight)
-        out = aggregate(plan, self.lin(x), self.node_dim)
+        # A (X W) = (A X) W: aggregate on the narrower side, as DGL's GraphConv does. When the
+        # input is the narrower side this also skips the backward SpMM if x needs no gradient.
+        if x.size(-1) < self.out_channels:
+            out = self.lin(aggregate(plan, x, self.node_dim))
+        else:
+            out = aggregate(plan, self.lin(x), self.node_dim)
         if self.bias is not None:
             out = out + self.bias
         return out
