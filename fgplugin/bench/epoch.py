@@ -1,0 +1,425 @@
+"""The ``epoch`` suite (BENCHMARKS.md): a 2-layer GCN's full-batch training step, every baseline,
+on the original order and on fgplugin's reordered graph; and accuracy parity on the labelled
+real graphs.
+
+Per (graph, order, impl) it records:
+
+- ``op="epoch"``: one training step (forward, cross-entropy on the training nodes, backward, Adam
+  step); CUDA events on a GPU, ``time.perf_counter`` on the CPU; ``warmup`` steps first, then the
+  median, min and max of ``epochs`` steps; ``peak_mem_bytes`` on a GPU
+  (``max_memory_allocated`` after ``reset_peak_memory_stats``; ``None`` on the CPU);
+- ``op="preprocess"``: the order's reordering time (fgplugin's ``reorder``; 0 on the original
+  order) plus the impl's own graph setup (fgplugin: the tile plan; DGL: the graph with self
+  loops; the CSR baselines: their CSRs);
+- ``op="train200"``: preprocessing + 200 x the median epoch (an estimate, ``estimated: true``).
+
+A row that cannot run keeps its place with ``ms_median: None`` and ``error``.
+"""
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import baselines
+from .baselines import IMPLS, VARIANTS, ImplUnavailable
+
+ACCURACY_GRAPHS = ("cora", "citeseer", "actor", "chameleon", "squirrel", "tolokers")
+CPU_GRAPHS = ("oklahoma97", "cornell5", "tolokers")
+GPU_GRAPHS = ("reddit-like", "products-like")
+HIDDEN = {"reddit-like": 128, "proteins-like": 128, "archaea-like": 128, "products-like": 64}
+SYNTHETIC_FEATURES = 128  # width of the seeded random features of graphs stored without x
+
+
+def default_impls(device) -> tuple:
+    """Every baseline (rows that cannot run say why), plus ``fgplugin-dgl`` where DGL runs."""
+    try:
+        baselines.require_dgl(torch.device(device))
+    except ImplUnavailable:
+        return IMPLS
+    return IMPLS + VARIANTS
+
+
+@dataclass
+class Problem:
+    """One node-classification graph in one order, on one device."""
+    name: str
+    order: str
+    edge_index: torch.Tensor
+    num_nodes: int
+    x: torch.Tensor
+    y: torch.Tensor
+    train_mask: torch.Tensor
+    test_mask: torch.Tensor
+    num_classes: int
+    reorder_s: float = 0.0
+    adj: object = None  # fgplugin.TiledAdjacency of this order (reordered graphs)
+    plan_s: float = 0.0
+    note: str = ""
+
+    @property
+    def num_features(self) -> int:
+        return self.x.shape[1]
+
+
+def load(name: str, device, seed: int = 0) -> Problem:
+    """A synthetic preset of ``fgplugin.datasets.SUITE`` (generated on ``device``) or a shared
+    ``.npz`` graph (name or path); seeded random features where the file has none, a seeded
+    10/10/80 train/val/test split where it has no split."""
+    from fgplugin.datasets import SUITE, community_graph, load_npz
+
+    device = torch.device(device)
+    note = ""
+    if name in SUITE:
+        g = community_graph(name, seed=seed, device=device)
+    else:
+        g = load_npz(name, features="dense")
+    n = g.num_nodes
+    x = g.x
+    if x is None:
+        x = torch.from_numpy(np.random.default_rng(seed).standard_normal((n, SYNTHETIC_FEATURES), dtype=np.float32))
+        note = f"x missing: seeded random features F={SYNTHETIC_FEATURES}"
+    y = g.y if g.y is not None else torch.zeros(n, dtype=torch.long)
+    if g.train_mask is not None:
+        train, test = g.train_mask, g.test_mask
+    else:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        train = torch.zeros(n, dtype=torch.bool)
+        test = torch.zeros(n, dtype=torch.bool)
+        train[order[: n // 10]] = True
+        test[order[n // 5:]] = True
+        note = (note + "; " if note else "") + "no split in the file: seeded random 10/10/80 split"
+    y = y.to(device)
+    labelled = y >= 0
+    return Problem(name=g.name if name in SUITE else g.name, order="original", edge_index=g.edge_index.to(device),
+                   num_nodes=n, x=x.to(device).contiguous(), y=y, train_mask=train.to(device) & labelled,
+                   test_mask=test.to(device) & labelled, num_classes=max(int(y.max()) + 1, 2), note=note)
+
+
+def reordered(problem: Problem, method: str, seed: int = 0) -> Problem:
+    """``problem`` with node ids in ``method``'s order (fgplugin.reorder), with the tile plan built;
+    ``reorder_s`` and ``plan_s`` record the two preprocessing times."""
+    from fgplugin import TiledAdjacency
+    from fgplugin.reorder import reorder
+
+    sync = _sync(problem.x.device)
+    sync()
+    start = time.perf_counter()
+    perm = reorder(problem.edge_index, method, num_nodes=problem.num_nodes, seed=seed)
+    sync()
+    reorder_s = time.perf_counter() - start
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(problem.num_nodes, device=perm.device)
+    edge_index = inv[problem.edge_index]
+    start = time.perf_counter()
+    adj = TiledAdjacency.from_edge_index(edge_index, problem.num_nodes, perm=perm)
+    sync()
+    plan_s = time.perf_counter() - start
+    return replace(problem, order=method, edge_index=edge_index, x=problem.x[perm], y=problem.y[perm],
+                   train_mask=problem.train_mask[perm], test_mask=problem.test_mask[perm], reorder_s=reorder_s,
+                   adj=adj, plan_s=plan_s)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def train_step(model, graph, problem: Problem, optimizer) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    out = model(problem.x, graph)
+    F.cross_entropy(out[problem.train_mask], problem.y[problem.train_mask]).backward()
+    optimizer.step()
+
+
+def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3):
+    """``(ms per step list, peak_mem_bytes or None)``."""
+    device = problem.x.device
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+    for _ in range(warmup):
+        train_step(model, graph, problem, optimizer)
+    times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(epochs)]
+        for start, end in events:
+            start.record()
+            train_step(model, graph, problem, optimizer)
+            end.record()
+        torch.cuda.synchronize(device)
+        times = [s.elapsed_time(e) for s, e in events]
+        return times, int(torch.cuda.max_memory_allocated(device))
+    for _ in range(epochs):
+        start = time.perf_counter()
+        train_step(model, graph, problem, optimizer)
+        times.append(1e3 * (time.perf_counter() - start))
+    return times, None
+
+
+def _error_text(err: BaseException) -> str:
+    if isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower():
+        return "OOM"
+    if isinstance(err, ImplUnavailable):
+        return str(err)
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first[:200]}"
+
+
+def _free(device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0, warmup: int = 3) -> list[dict]:
+    """The epoch, preprocess and train200 rows of one (graph, order, impl)."""
+    device = problem.x.device
+    common = {"graph": problem.name, "order": problem.order, "impl": impl, "F": problem.num_features,
+              "hidden": hidden, "precision": "fp32", "nodes": problem.num_nodes, "nnz": problem.edge_index.shape[1]}
+    model = graph = error = None
+    try:
+        weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, device)
+        adj = problem.adj if impl == "fgplugin" else None
+        model, graph, setup_s = baselines.build(impl, weights, problem.edge_index, problem.num_nodes, adj=adj)
+        if impl == "fgplugin" and adj is not None:
+            setup_s += problem.plan_s  # the tile plan was built with the reordering
+        torch.manual_seed(seed)
+        times, peak = time_steps(model, graph, problem, epochs, warmup)
+    except Exception as err:  # noqa: BLE001 - a failed row keeps its place
+        error = _error_text(err)  # leaving the block drops the traceback and the tensors it holds
+    del model, graph
+    _free(device)
+    if error is not None:
+        return [{**common, "op": op, "ms_median": None, "error": error} for op in ("epoch", "preprocess", "train200")]
+    median = statistics.median(times)
+    pre_ms = 1e3 * (problem.reorder_s + setup_s)
+    return [
+        {**common, "op": "epoch", "ms_median": median, "ms_min": min(times), "ms_max": max(times), "reps": len(times),
+         "warmup": warmup, "peak_mem_bytes": peak},
+        {**common, "op": "preprocess", "ms_median": pre_ms, "reorder_ms": 1e3 * problem.reorder_s,
+         "setup_ms": 1e3 * setup_s},
+        {**common, "op": "train200", "ms_median": pre_ms + 200 * median, "estimated": True},
+    ]
+
+
+def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epochs: int = 20, device="cpu",
+                    hidden: int | None = None, seed: int = 0, warmup: int = 3, progress=None, log=print,
+                    checkpoint=None) -> list[dict]:
+    """All rows of the epoch suite; ``progress(total)`` returns a bar with ``update()`` (or None);
+    ``checkpoint(rows)`` is called after each graph (to write partial results)."""
+    device = torch.device(device)
+    rows = []
+    bar = progress(len(graphs) * len(orders) * len(impls)) if progress else None
+    for name in graphs:
+        try:
+            base = load(name, device, seed)
+        except Exception as err:  # noqa: BLE001
+            for order in orders:
+                for impl in impls:
+                    rows.append({"graph": name, "order": order, "impl": impl, "op": "epoch", "ms_median": None,
+                                 "error": _error_text(err)})
+                    if bar:
+                        bar.update()
+            continue
+        h = hidden or HIDDEN.get(name, 64)
+        log(f"[epoch] {base.name}: {base.num_nodes:,} nodes, {base.edge_index.shape[1]:,} edges, F={base.num_features}, "
+            f"classes={base.num_classes}, hidden={h}" + (f" ({base.note})" if base.note else ""))
+        for order in orders:
+            problem = base
+            if order != "original":
+                try:
+                    problem = reordered(base, order, seed)
+                    log(f"[epoch] {base.name}: reorder '{order}' {problem.reorder_s:.2f} s, tile plan "
+                        f"{problem.plan_s:.2f} s, dense share {_dense_share(problem.adj):.3f}")
+                except Exception as err:  # noqa: BLE001
+                    for impl in impls:
+                        rows.append({"graph": base.name, "order": order, "impl": impl, "op": "epoch",
+                                     "ms_median": None, "error": f"reorder failed: {_error_text(err)}"})
+                        if bar:
+                            bar.update()
+                    continue
+            for impl in impls:
+                new = run_one(problem, impl, epochs, h, seed, warmup)
+                if base.note:
+                    for r in new:
+                        r["note"] = base.note
+                rows += new
+                r = new[0]
+                status = f"{r['ms_median']:.2f} ms" if r["ms_median"] is not None else f"error: {r['error']}"
+                log(f"[epoch] {base.name} {order:<10} {impl:<16} {status}")
+                if bar:
+                    bar.update()
+            del problem
+            _free(device)
+        if checkpoint:
+            checkpoint(rows)
+    if bar:
+        bar.close()
+    return rows
+
+
+def _dense_share(adj) -> float:
+    try:
+        return float(adj.dense_share)
+    except Exception:  # noqa: BLE001
+        return float("nan")
+
+
+# ---------------------------------------------------------------- accuracy parity
+def train_accuracy(impl: str, problem: Problem, epochs: int, hidden: int, seed: int) -> float:
+    """Test accuracy after ``epochs`` full-batch epochs (Adam, lr 0.01, weight decay 5e-4, dropout
+    0.5); weights and dropout stream seeded by ``seed``."""
+    weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, problem.x.device)
+    model, graph, _ = baselines.build(impl, weights, problem.edge_index, problem.num_nodes,
+                                      adj=problem.adj if impl == "fgplugin" else None)
+    torch.manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+    model.train()
+    for _ in range(epochs):
+        train_step(model, graph, problem, optimizer)
+    model.eval()
+    with torch.no_grad():
+        pred = model(problem.x, graph).argmax(dim=1)
+    mask = problem.test_mask
+    return float((pred[mask] == problem.y[mask]).float().mean())
+
+
+def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugin"), orders=("original", "community"),
+                       seeds=(0, 1, 2, 3, 4), epochs: int = 200, hidden: int = 64, device="cpu", progress=None,
+                       log=print) -> list[dict]:
+    """Rows ``op="accuracy"`` (``value`` = mean test accuracy over ``seeds``, ``values`` each seed's,
+    ``std``) for every (graph, order, impl); the same seeds for every impl. The stock baselines run
+    on the original order only (on a reordered graph they compute the same function), fgplugin on
+    every order of ``orders``."""
+    device = torch.device(device)
+    rows = []
+    bar = progress(len(graphs) * len(orders) * len(impls)) if progress else None
+    for name in graphs:
+        base = load(name, device, 0)
+        problems = {"original": base}
+        for order in orders:
+            if order != "original":
+                problems[order] = reordered(base, order, 0)
+        for order in orders:
+            for impl in impls:
+                if impl != "fgplugin" and order != "original":
+                    if bar:
+                        bar.update()
+                    continue
+                row = {"graph": base.name, "order": order, "impl": impl, "op": "accuracy", "F": base.num_features,
+                       "hidden": hidden, "precision": "fp32", "epochs": epochs, "seeds": list(seeds)}
+                start = time.perf_counter()
+                try:
+                    values = [train_accuracy(impl, problems[order], epochs, hidden, s) for s in seeds]
+                    row.update(value=statistics.mean(values), std=statistics.pstdev(values), values=values,
+                               seconds=time.perf_counter() - start)
+                    log(f"[accuracy] {base.name} {order:<10} {impl:<16} {row['value']:.4f} +- {row['std']:.4f}")
+                except Exception as err:  # noqa: BLE001
+                    row.update(value=None, error=_error_text(err))
+                    log(f"[accuracy] {base.name} {order:<10} {impl:<16} error: {row['error']}")
+                rows.append(row)
+                if bar:
+                    bar.update()
+    if bar:
+        bar.close()
+    return rows
+
+
+# ---------------------------------------------------------------- reorder suite
+REORDER_METHODS = ("degsort", "slashburn", "rcm", "metis", "community")
+
+
+def run_reorder_suite(graphs, methods=REORDER_METHODS, epochs: int = 20, device="cpu", hidden: int | None = None,
+                      seed: int = 0, warmup: int = 3, progress=None, log=print) -> list[dict]:
+    """Per graph and ordering: reorder time, tile-plan time, cache load time, quality
+    (``dense_share`` from :func:`fgplugin.reorder.tile_density` at 32x32 / 5%, ``plan_dense_share`` of
+    the tile plan, bandwidths), fgplugin's epoch on that order, and break-even epochs = preprocessing
+    / (fgplugin epoch on the original order - on this order) (``None`` when the order is no faster).
+    Methods may carry Algorithm 2's block-wise form as ``<method>-blockwise<parts>``."""
+    import tempfile
+
+    from fgplugin.preprocess import reorder_graph
+    from fgplugin.reorder import tile_density
+
+    device = torch.device(device)
+    rows = []
+    bar = progress(len(graphs) * (1 + len(methods))) if progress else None
+    for name in graphs:
+        base = load(name, device, seed)
+        h = hidden or HIDDEN.get(name, 64)
+        common = {"graph": base.name, "impl": "fgplugin", "F": base.num_features, "hidden": h, "precision": "fp32",
+                  "nodes": base.num_nodes, "nnz": base.edge_index.shape[1]}
+        orig = run_one(base, "fgplugin", epochs, h, seed, warmup)[0]
+        quality = tile_density(base.edge_index, base.num_nodes)
+        rows.append({**common, "order": "original", "op": "preprocess", "ms_median": 0.0, **quality,
+                     "epoch_ms": orig["ms_median"], "error": orig.get("error")})
+        log(f"[reorder] {base.name} original: epoch {orig['ms_median']} ms, dense share {quality['dense_share']:.3f}")
+        if bar:
+            bar.update()
+        for method in methods:
+            row = {**common, "order": method, "op": "preprocess"}
+            try:
+                plain, _, parts = method.partition("-blockwise")
+                parts = int(parts) if parts else 1
+                problem = _reordered_parts(base, plain, parts, seed)
+                quality = tile_density(problem.edge_index, base.num_nodes)
+                with tempfile.TemporaryDirectory() as folder:
+                    reorder_graph(base.edge_index, base.num_nodes, method=plain, parts=parts, seed=seed, cache=folder)
+                    _sync(device)()
+                    start = time.perf_counter()
+                    reorder_graph(base.edge_index, base.num_nodes, method=plain, parts=parts, seed=seed, cache=folder)
+                    _sync(device)()
+                    cache_ms = 1e3 * (time.perf_counter() - start)
+                ep = run_one(problem, "fgplugin", epochs, h, seed, warmup)[0]
+                pre_ms = 1e3 * (problem.reorder_s + problem.plan_s)
+                gain = (orig["ms_median"] - ep["ms_median"]) if orig["ms_median"] and ep["ms_median"] else None
+                row.update(ms_median=pre_ms, reorder_ms=1e3 * problem.reorder_s, plan_ms=1e3 * problem.plan_s,
+                           cache_load_ms=cache_ms, **quality, plan_dense_share=_dense_share(problem.adj),
+                           epoch_ms=ep["ms_median"], epoch_ms_original=orig["ms_median"],
+                           break_even_epochs=(pre_ms / gain) if gain and gain > 0 else None)
+                if ep.get("error"):
+                    row["error"] = f"epoch: {ep['error']}"
+                log(f"[reorder] {base.name} {method}: {pre_ms:.0f} ms, dense share {quality['dense_share']:.3f}, "
+                    f"epoch {ep['ms_median']} ms, break-even {row['break_even_epochs']}")
+            except Exception as err:  # noqa: BLE001
+                row.update(ms_median=None, error=_error_text(err))
+                log(f"[reorder] {base.name} {method}: error {row['error']}")
+            rows.append(row)
+            if bar:
+                bar.update()
+        del base
+        _free(device)
+    if bar:
+        bar.close()
+    return rows
+
+
+def _reordered_parts(problem: Problem, method: str, parts: int, seed: int) -> Problem:
+    if parts == 1:
+        return reordered(problem, method, seed)
+    from fgplugin import TiledAdjacency
+    from fgplugin.reorder import reorder
+
+    sync = _sync(problem.x.device)
+    sync()
+    start = time.perf_counter()
+    perm = reorder(problem.edge_index, method, num_nodes=problem.num_nodes, parts=parts, seed=seed)
+    sync()
+    reorder_s = time.perf_counter() - start
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(problem.num_nodes, device=perm.device)
+    edge_index = inv[problem.edge_index]
+    start = time.perf_counter()
+    adj = TiledAdjacency.from_edge_index(edge_index, problem.num_nodes, perm=perm)
+    sync()
+    return replace(problem, order=f"{method}-blockwise{parts}", edge_index=edge_index, x=problem.x[perm],
+                   y=problem.y[perm], train_mask=problem.train_mask[perm], test_mask=problem.test_mask[perm],
+                   reorder_s=reorder_s, adj=adj, plan_s=time.perf_counter() - start)
