@@ -98,7 +98,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
             return self._stock_forward(x, edge_index, edge_weight)
         # A (X W) = (A X) W: aggregate on the narrower side, as DGL's GraphConv does. When the
         # input is the narrower side this also skips the backward SpMM if x needs no gradient.
-        if x.size(-1) < self.out_channels:
+        if x.layout == torch.strided and x.size(-1) < self.out_channels:
             out = self.lin(aggregate(plan, x, self.node_dim))
         else:
             out = aggregate(plan, self.lin(x), self.node_dim)
