@@ -178,14 +178,20 @@ def _four_ranks(rank, world, path, configs, tmpdir):
     return _spmm_cases(configs), _train_configs(path, configs, tmpdir)
 
 
-def _train_configs(path, configs, tmpdir):
-    data = _cora(path)
+def _train_each(data, configs, evaluate):
+    """{config: (final weights, final loss, accuracies or None)} after EPOCHS epochs of each config."""
     out = {}
     for replication, comm, perm_kind in configs:
         trainer = _trainer(data, replication, comm, perm_kind)
         for _ in range(EPOCHS):
             stats = trainer.step()
-        out[(replication, comm, perm_kind)] = (_weights(trainer), stats["loss"], trainer.evaluate())
+        out[(replication, comm, perm_kind)] = (_weights(trainer), stats["loss"], trainer.evaluate() if evaluate else None)
+    return out
+
+
+def _train_configs(path, configs, tmpdir):
+    data = _cora(path)
+    out = _train_each(data, configs, evaluate=True)
     # Checkpoint: 5 epochs, save, resume in a fresh trainer (other sharding too), 5 more.
     ckpt = os.path.join(tmpdir, "ckpt.pt")
     trainer = _trainer(data, configs[-1][0], configs[-1][1], "random")
@@ -319,14 +325,7 @@ def test_replication_must_fit_world(cora_path):
 
 
 def _train_only(rank, world, path, configs):
-    data = _cora(path)
-    out = {}
-    for replication, comm, perm_kind in configs:
-        trainer = _trainer(data, replication, comm, perm_kind)
-        for _ in range(EPOCHS):
-            stats = trainer.step()
-        out[(replication, comm, perm_kind)] = (_weights(trainer), stats["loss"], None)
-    return out
+    return _train_each(_cora(path), configs, evaluate=False)
 
 
 def test_eight_ranks_1d_and_15d_match_single_process(cora_path, reference):

@@ -101,16 +101,17 @@ def load(name: str, device, seed: int = 0) -> Problem:
                    test_mask=test.to(device) & labelled, num_classes=max(int(y.max()) + 1, 2), note=note)
 
 
-def reordered(problem: Problem, method: str, seed: int = 0) -> Problem:
-    """``problem`` with node ids in ``method``'s order (fgplugin.reorder), with the tile plan built;
-    ``reorder_s`` and ``plan_s`` record the two preprocessing times."""
+def reordered(problem: Problem, method: str, seed: int = 0, parts: int = 1) -> Problem:
+    """``problem`` with node ids in ``method``'s order (fgplugin.reorder; block-wise over ``parts``
+    ranges when > 1), with the tile plan built; ``reorder_s`` and ``plan_s`` record the two
+    preprocessing times."""
     from fgplugin import TiledAdjacency
     from fgplugin.reorder import reorder
 
     sync = _sync(problem.x.device)
     sync()
     start = time.perf_counter()
-    perm = reorder(problem.edge_index, method, num_nodes=problem.num_nodes, seed=seed)
+    perm = reorder(problem.edge_index, method, num_nodes=problem.num_nodes, parts=parts, seed=seed)
     sync()
     reorder_s = time.perf_counter() - start
     inv = torch.empty_like(perm)
@@ -120,7 +121,8 @@ def reordered(problem: Problem, method: str, seed: int = 0) -> Problem:
     adj = TiledAdjacency.from_edge_index(edge_index, problem.num_nodes, perm=perm)
     sync()
     plan_s = time.perf_counter() - start
-    return replace(problem, order=method, edge_index=edge_index, x=problem.x[perm], y=problem.y[perm],
+    order = method if parts == 1 else f"{method}-blockwise{parts}"
+    return replace(problem, order=order, edge_index=edge_index, x=problem.x[perm], y=problem.y[perm],
                    train_mask=problem.train_mask[perm], test_mask=problem.test_mask[perm], reorder_s=reorder_s,
                    adj=adj, plan_s=plan_s)
 
@@ -369,7 +371,7 @@ def run_reorder_suite(graphs, methods=REORDER_METHODS, epochs: int = 20, device=
             try:
                 plain, _, parts = method.partition("-blockwise")
                 parts = int(parts) if parts else 1
-                problem = _reordered_parts(base, plain, parts, seed)
+                problem = reordered(base, plain, seed, parts)
                 quality = tile_density(problem.edge_index, base.num_nodes)
                 with tempfile.TemporaryDirectory() as folder:
                     reorder_graph(base.edge_index, base.num_nodes, method=plain, parts=parts, seed=seed, cache=folder)
@@ -400,26 +402,3 @@ def run_reorder_suite(graphs, methods=REORDER_METHODS, epochs: int = 20, device=
     if bar:
         bar.close()
     return rows
-
-
-def _reordered_parts(problem: Problem, method: str, parts: int, seed: int) -> Problem:
-    if parts == 1:
-        return reordered(problem, method, seed)
-    from fgplugin import TiledAdjacency
-    from fgplugin.reorder import reorder
-
-    sync = _sync(problem.x.device)
-    sync()
-    start = time.perf_counter()
-    perm = reorder(problem.edge_index, method, num_nodes=problem.num_nodes, parts=parts, seed=seed)
-    sync()
-    reorder_s = time.perf_counter() - start
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(problem.num_nodes, device=perm.device)
-    edge_index = inv[problem.edge_index]
-    start = time.perf_counter()
-    adj = TiledAdjacency.from_edge_index(edge_index, problem.num_nodes, perm=perm)
-    sync()
-    return replace(problem, order=f"{method}-blockwise{parts}", edge_index=edge_index, x=problem.x[perm],
-                   y=problem.y[perm], train_mask=problem.train_mask[perm], test_mask=problem.test_mask[perm],
-                   reorder_s=reorder_s, adj=adj, plan_s=time.perf_counter() - start)
