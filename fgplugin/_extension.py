@@ -107,6 +107,12 @@ def cuda_build_plan() -> tuple[bool, str]:
     return True, ""
 
 
+def openmp_flags() -> list[str]:
+    """``-fopenmp`` when torch's ATen uses OpenMP: at::parallel_for is a ``#pragma omp`` in the
+    headers, so without the flag the CPU kernel silently runs on one thread."""
+    return ["-fopenmp"] if "OpenMP" in torch.__config__.parallel_info() and sys.platform == "linux" else []
+
+
 def cache_dir() -> Path:
     if os.environ.get("FGPLUGIN_CACHE_DIR"):
         return Path(os.environ["FGPLUGIN_CACHE_DIR"])
@@ -134,7 +140,8 @@ def _build_and_load(with_cuda: bool) -> str:
         cpp_extension.load(
             name=name,
             sources=[str(p) for p in _sources(with_cuda)],
-            extra_cflags=["-O3"],
+            extra_cflags=["-O3", *openmp_flags()],
+            extra_ldflags=openmp_flags(),
             extra_cuda_cflags=["-O3", "-lineinfo"],
             with_cuda=with_cuda,
             build_directory=str(build_dir),
