@@ -13,19 +13,8 @@ void check_block_plan(const SpmmArgs& a, at::TensorList plan) {
   TORCH_CHECK(a.x.size(1) <= block_adaptive_max_features(a.x.scalar_type()), "fgplugin.spmm: F=", num(a.x.size(1)),
               " is too wide for the block-adaptive kernel; split the features into chunks of at most ",
               num(block_adaptive_max_features(a.x.scalar_type())));
-  const at::Tensor& dpanel_ptr = plan[1];
-  const at::Tensor& dwork = plan[2];
-  const at::Tensor& dtile_cp = plan[3];
-  const at::Tensor& dtile_bits = plan[4];
-  const at::Tensor& dtile_roff = plan[5];
-  const at::Tensor& dense_eid = plan[6];
-  const at::Tensor& rem_col = plan[7];
-  const at::Tensor& rem_eid = plan[8];
-  const at::Tensor& item_ptr = plan[9];
-  const at::Tensor& item_row = plan[10];
-  const at::Tensor& item_slot = plan[11];
-  const at::Tensor& split_row = plan[12];
-  const at::Tensor& split_ptr = plan[13];
+  const auto& [meta, dpanel_ptr, dwork, dtile_cp, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
+               item_row, item_slot, split_row, split_ptr, slot_row] = BlockPlan(plan);
   const int64_t n_rows = a.n_rows, n_items = item_row.numel(), n_split = split_row.numel();
   TORCH_CHECK(dpanel_ptr.numel() == (n_rows + 31) / 32 + 1 && item_ptr.numel() == n_items + 1 &&
                   item_slot.numel() == n_items && n_items >= n_rows && dtile_bits.numel() == 32 * dtile_cp.numel() &&

@@ -588,19 +588,8 @@ void launch_dense(const DenseParams<scalar_t>& p, int64_t n_work, cudaStream_t s
 template <typename scalar_t, typename index_t>
 cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, const at::Tensor& partial,
                 bool tf32) {
-  const at::Tensor& dpanel_ptr = plan[1];
-  const at::Tensor& dwork = plan[2];
-  const at::Tensor& dtile_cp = plan[3];
-  const at::Tensor& dtile_bits = plan[4];
-  const at::Tensor& dtile_roff = plan[5];
-  const at::Tensor& dense_eid = plan[6];
-  const at::Tensor& rem_col = plan[7];
-  const at::Tensor& rem_eid = plan[8];
-  const at::Tensor& item_ptr = plan[9];
-  const at::Tensor& item_row = plan[10];
-  const at::Tensor& item_slot = plan[11];
-  const at::Tensor& split_row = plan[12];
-  const at::Tensor& split_ptr = plan[13];
+  const auto& [meta, dpanel_ptr, dwork, dtile_cp, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
+               item_row, item_slot, split_row, split_ptr, slot_row] = BlockPlan(plan);
 
   const int64_t n_rows = a.n_rows, n_cols = a.x.size(0), F = a.x.size(1);
   const int64_t n_items = item_row.numel(), n_split = split_row.numel();

@@ -38,6 +38,16 @@ namespace fgplugin {
 constexpr int64_t kPlanVersion = 1;
 constexpr int kPlanLength = 15;
 
+// The plan's tensors by name (indices as in the table above); `plan` must hold kPlanLength tensors.
+struct BlockPlan {
+  const at::Tensor &meta, &dpanel_ptr, &dwork, &dtile_cp, &dtile_bits, &dtile_roff, &dense_eid, &rem_col, &rem_eid,
+      &item_ptr, &item_row, &item_slot, &split_row, &split_ptr, &slot_row;
+  explicit BlockPlan(at::TensorList p)
+      : meta(p[0]), dpanel_ptr(p[1]), dwork(p[2]), dtile_cp(p[3]), dtile_bits(p[4]), dtile_roff(p[5]),
+        dense_eid(p[6]), rem_col(p[7]), rem_eid(p[8]), item_ptr(p[9]), item_row(p[10]), item_slot(p[11]),
+        split_row(p[12]), split_ptr(p[13]), slot_row(p[14]) {}
+};
+
 // Checks that `plan` fits the arguments (block_adaptive_plan.cpp); throws with a clear message.
 void check_block_plan(const SpmmArgs& a, at::TensorList plan);
 

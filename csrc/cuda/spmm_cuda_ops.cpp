@@ -27,7 +27,7 @@ at::Tensor spmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const std:
   if (out.numel() == 0) return out;
   if (!plan.empty() && a.x.scalar_type() != at::kDouble) {
     check_block_plan(a, plan);
-    const int64_t n_slots = plan[14].numel();
+    const int64_t n_slots = BlockPlan(plan).slot_row.numel();
     at::Tensor partial = at::empty({std::max<int64_t>(n_slots, 1), a.x.size(1)}, a.x.options().dtype(at::kFloat));
     C10_CUDA_CHECK(launch_block_adaptive_spmm(a, plan, out, partial, at::globalContext().allowTF32CuBLAS()));
   } else {
