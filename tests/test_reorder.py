@@ -97,6 +97,35 @@ def test_degsort_and_slashburn_put_the_hub_first():
     assert reorder(edge_index, "degsort", num_nodes=6).tolist() == [1, 3, 2, 0, 4, 5]
 
 
+def test_connected_components_match_scipy():
+    from fgplugin.reorder._graph import connected_components, symmetrize
+
+    for seed in range(6):
+        g = torch.Generator().manual_seed(seed)
+        n = 400
+        edge_index = torch.randint(0, n, (2, 150 + 60 * seed), generator=g)
+        sym = symmetrize(edge_index[1], edge_index[0], n)
+        ours = connected_components(sym.row, sym.col, n)
+        count, theirs = scipy.sparse.csgraph.connected_components(sym.to_scipy(), directed=False)
+        # scipy numbers components in order of their smallest id; ours names them by it.
+        roots = torch.unique(ours)
+        assert roots.numel() == count
+        assert torch.equal(torch.searchsorted(roots, ours), torch.from_numpy(theirs).long())
+        assert torch.equal(ours[roots], roots) and bool((ours <= torch.arange(n)).all())
+
+
+def test_slashburn_hubs_then_giant_then_spokes():
+    """Two stars joined through their hubs, a triangle and isolated nodes, with k=1: hub A
+    (degree 8) goes first; star B is then the giant component; its hub follows, then the last
+    giant node; the spokes found last come first among the spokes (B's leaves), then those of
+    the first round: the triangle (largest component first), then single nodes by id."""
+    edges = [(0, leaf) for leaf in range(1, 8)]           # star A: hub 0, leaves 1-7
+    edges += [(10, leaf) for leaf in range(11, 16)]       # star B: hub 10, leaves 11-15
+    edges += [(0, 10), (20, 21), (21, 22), (20, 22)]      # link + triangle; 8, 9, 16-19 isolated
+    perm = reorder(torch.tensor(edges).t(), "slashburn", num_nodes=23, k=1).tolist()
+    assert perm == [0, 10, 11, 12, 13, 14, 15, 20, 21, 22, 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 18, 19]
+
+
 @pytest.mark.parametrize("method, options", [("metis", {"cluster_size": 20}), ("community", {})])
 def test_clusters_are_contiguous(method, options):
     perm = reorder(_two_cliques(20), method, num_nodes=40, **options)

@@ -91,6 +91,35 @@ def sorted_unique(keys: torch.Tensor, return_counts: bool = False):
     return torch.unique_consecutive(torch.sort(keys).values, return_counts=return_counts)
 
 
+def lexsort(keys: list[torch.Tensor]) -> torch.Tensor:
+    """Permutation sorting by ``keys[0]``, then ``keys[1]``, ..., then index (stable sorts)."""
+    perm = torch.arange(keys[0].numel(), device=keys[0].device)
+    for key in reversed(keys):
+        perm = perm[torch.argsort(key[perm], stable=True)]
+    return perm
+
+
+def connected_components(row: torch.Tensor, col: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """Component label per node = the smallest node id of its component (symmetric edge list).
+
+    Hook-and-shortcut in torch ops (so it runs on the GPU): every root hooks to the smallest root
+    among its neighbours' roots (``scatter_reduce`` amin), then pointer jumping flattens the
+    trees. Parents only decrease, so no cycles form, and the root of a tree is its smallest id:
+    the same labels, in the same order, as ``scipy.sparse.csgraph.connected_components``'.
+    """
+    parent = torch.arange(num_nodes, device=row.device)
+    while True:
+        root_row, root_col = parent[row], parent[col]
+        if torch.equal(root_row, root_col):
+            return parent
+        parent.scatter_reduce_(0, root_row, root_col, "amin")
+        while True:
+            grand = parent[parent]
+            if torch.equal(grand, parent):
+                break
+            parent = grand
+
+
 def _from_edge_index(edge_index: torch.Tensor, num_nodes: int | None):
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
         raise ValueError(f"edge_index must have shape [2, E], got {list(edge_index.shape)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._graph import SymGraph, sorted_unique
+from ._graph import SymGraph, lexsort, sorted_unique
 
 
 def community(
@@ -43,7 +43,7 @@ def community(
     if max_size is not None and max_size < 1:
         raise ValueError(f"max_size must be >= 1 or None, got {max_size}")
     labels = propagate_labels(graph, seed=seed, rounds=rounds, max_size=max_size)
-    return _lexsort([labels, -graph.degree()])
+    return lexsort([labels, -graph.degree()])
 
 
 def propagate_labels(
@@ -76,10 +76,3 @@ def propagate_labels(
         labels = new_labels
     return labels
 
-
-def _lexsort(keys: list[torch.Tensor]) -> torch.Tensor:
-    """Permutation sorting by ``keys[0]``, then ``keys[1]``, ..., then index (stable sorts)."""
-    perm = torch.arange(keys[0].numel(), device=keys[0].device)
-    for key in reversed(keys):
-        perm = perm[torch.argsort(key[perm], stable=True)]
-    return perm
