@@ -201,7 +201,15 @@ def _order_name(method, parts):
 
 
 def _graph(name, args, device):
+    """Every rank generates the graph on its GPU (timed), then takes rank 0's copy.
+
+    Why the broadcast: at archaea-like size (200M edges) one of four H200s once generated a
+    graph that differed from the other three in a handful of edges (same edge count, different
+    edge hash), and the sharding's agreement check refused it. Until that is understood, rank 0's
+    graph is the one every rank uses; ``meta["generator_disagreed"]`` lists the ranks whose own
+    graph differed from rank 0's, so the results keep the evidence."""
     import torch
+    import torch.distributed as dist
 
     from fgplugin.datasets import community_graph
 
@@ -211,7 +219,32 @@ def _graph(name, args, device):
     if device.type == "cuda":
         torch.cuda.synchronize()
     data.meta["generate_s"] = time.perf_counter() - t
+    fields = ("edge_index", "x", "y", "train_mask", "val_mask", "test_mask")
+    mine = torch.tensor([_digest(getattr(data, f)) for f in fields] + [data.edge_index.shape[1]], device=device)
+    digests = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(digests, mine)
+    data.meta["generator_disagreed"] = [r for r, d in enumerate(digests) if not torch.equal(d, digests[0])]
+    if data.meta["generator_disagreed"]:
+        print(f"{name}: ranks {data.meta['generator_disagreed']} generated a graph unlike rank 0's; "
+              "using rank 0's everywhere", flush=True)
+        num_edges = int(digests[0][-1])
+        if data.edge_index.shape[1] != num_edges:
+            data.edge_index = torch.empty(2, num_edges, dtype=torch.long, device=device)
+        for f in fields:
+            dist.broadcast(getattr(data, f), 0)
     return data
+
+
+def _digest(t) -> int:
+    """An order-sensitive integer digest of a tensor (for comparing copies across ranks)."""
+    import torch
+
+    flat = t.reshape(-1)
+    if flat.is_floating_point():
+        flat = flat.view(torch.int32) if flat.dtype == torch.float32 else flat.double().view(torch.int64)
+    flat = flat.long()
+    weights = torch.arange(flat.numel(), device=flat.device) % 1_000_003 + 1
+    return int(((flat % 2_147_483_647) * weights % 2_147_483_647).sum())
 
 
 def _perm(data, method, parts, args, device):
@@ -249,6 +282,8 @@ def _run_config(data, perm, label, ctx, args, device) -> dict:
            "F": data.num_features, "hidden": HIDDEN.get(data.name, 128), "precision": "fp32", "gpus": world,
            "scheme": "1d" if replication == 1 else "1.5d", "replication": replication, "comm": comm,
            "num_nodes": data.num_nodes, "nnz": data.num_edges}
+    if data.meta.get("generator_disagreed"):
+        row["generator_disagreed"] = data.meta["generator_disagreed"]
     graph = trainer = None
     try:
         base = _mem_reset(device)

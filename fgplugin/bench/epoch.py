@@ -336,6 +336,33 @@ def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugi
 
 
 # ---------------------------------------------------------------- reorder suite
+SPMM_FEATURES = 128  # the F of the reorder suite's SpMM timing (BENCHMARKS.md's headline width)
+
+
+def spmm_ms(adj, seed: int = 0, reps: int = 20, features: int = SPMM_FEATURES) -> float:
+    """Median ms of ``fgplugin.spmm(adj, x)`` (plain sum, fp32, ``x``: ``n x features`` seeded
+    normal) after a warm-up call: CUDA events on the GPU, wall clock on the CPU."""
+    from fgplugin import spmm
+
+    device = adj.device
+    x = torch.randn(adj.shape[1], features, generator=torch.Generator().manual_seed(seed)).to(device)
+    spmm(adj, x)
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            spmm(adj, x)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            spmm(adj, x)
+            times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
 REORDER_METHODS = ("degsort", "slashburn", "rcm", "metis", "community")
 
 
@@ -343,11 +370,12 @@ def run_reorder_suite(graphs, methods=REORDER_METHODS, epochs: int = 20, device=
                       seed: int = 0, warmup: int = 3, progress=None, log=print) -> list[dict]:
     """Per graph and ordering: reorder time, tile-plan time, cache load time, quality
     (``dense_share`` from :func:`fgplugin.reorder.tile_density` at 32x32 / 5%, ``plan_dense_share`` of
-    the tile plan, bandwidths), fgplugin's epoch on that order, and break-even epochs = preprocessing
+    the tile plan, bandwidths), fgplugin's SpMM (``spmm_ms``, F=128) and epoch on that order, and break-even epochs = preprocessing
     / (fgplugin epoch on the original order - on this order) (``None`` when the order is no faster).
     Methods may carry Algorithm 2's block-wise form as ``<method>-blockwise<parts>``."""
     import tempfile
 
+    from fgplugin import TiledAdjacency
     from fgplugin.preprocess import reorder_graph
     from fgplugin.reorder import tile_density
 
@@ -361,8 +389,9 @@ def run_reorder_suite(graphs, methods=REORDER_METHODS, epochs: int = 20, device=
                   "nodes": base.num_nodes, "nnz": base.edge_index.shape[1]}
         orig = run_one(base, "fgplugin", epochs, h, seed, warmup)[0]
         quality = tile_density(base.edge_index, base.num_nodes)
+        spmm_orig = spmm_ms(TiledAdjacency.from_edge_index(base.edge_index, base.num_nodes), seed)
         rows.append({**common, "order": "original", "op": "preprocess", "ms_median": 0.0, **quality,
-                     "epoch_ms": orig["ms_median"], "error": orig.get("error")})
+                     "spmm_ms": spmm_orig, "epoch_ms": orig["ms_median"], "error": orig.get("error")})
         log(f"[reorder] {base.name} original: epoch {orig['ms_median']} ms, dense share {quality['dense_share']:.3f}")
         if bar:
             bar.update()
@@ -385,6 +414,7 @@ def run_reorder_suite(graphs, methods=REORDER_METHODS, epochs: int = 20, device=
                 gain = (orig["ms_median"] - ep["ms_median"]) if orig["ms_median"] and ep["ms_median"] else None
                 row.update(ms_median=pre_ms, reorder_ms=1e3 * problem.reorder_s, plan_ms=1e3 * problem.plan_s,
                            cache_load_ms=cache_ms, **quality, plan_dense_share=_dense_share(problem.adj),
+                           spmm_ms=spmm_ms(problem.adj, seed), spmm_ms_original=spmm_orig,
                            epoch_ms=ep["ms_median"], epoch_ms_original=orig["ms_median"],
                            break_even_epochs=(pre_ms / gain) if gain and gain > 0 else None)
                 if ep.get("error"):

@@ -146,11 +146,11 @@ def reorder_summary(rows: list[dict]) -> str:
         return ""
     lines = ["Reordering: preprocessing = reorder + tile plan; dense share = non-zeros in 32x32 tiles above 5%; "
              "break-even = preprocessing / (fgplugin epoch original - this order).", "",
-             "| graph | order | reorder ms | plan ms | cache load ms | dense share | avg bandwidth | fgplugin epoch ms "
-             "| break-even epochs | error |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| graph | order | reorder ms | plan ms | cache load ms | dense share | avg bandwidth | SpMM ms (F=128) "
+             "| fgplugin epoch ms | break-even epochs | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rs:
         lines.append("| " + " | ".join(cell(r.get(k)) for k in ("graph", "order", "reorder_ms", "plan_ms", "cache_load_ms",
-                                                                 "dense_share", "avg_bandwidth", "epoch_ms",
+                                                                 "dense_share", "avg_bandwidth", "spmm_ms", "epoch_ms",
                                                                  "break_even_epochs", "error")) + " |")
     return "\n".join(lines)
 
