@@ -63,7 +63,7 @@ def reorder(
             device type give the same ``perm``.
         progress: show a progress bar over the blocks; ``None`` shows one for long runs only
             (needs tqdm).
-        **method_options: passed to the method, e.g. ``cluster_size`` (metis), ``k``
+        **method_options: passed to the method, e.g. ``cluster_size``, ``coarse_parts``, ``workers`` (metis), ``k``
             (slashburn), ``rounds`` and ``max_size`` (community).
 
     Returns:
