@@ -33,12 +33,16 @@ def default_cache_dir() -> Path:
 
 def tensor_digest(*parts: Any) -> str:
     """A hex key over tensors (their dtype, shape and bytes) and plain values (their repr)."""
-    digest = hashlib.blake2b(digest_size=20)
+    # SHA-256 over the tensors' own buffers: hashlib reads them in place (no bytes copy), and with
+    # the CPU's SHA extensions it runs at about twice blake2b's speed (the key of a 100M-edge
+    # graph hashes 1.7 GB on every load).
+    digest = hashlib.sha256()
     for part in parts:
         if isinstance(part, torch.Tensor):
             data = part.detach().contiguous().cpu()
             digest.update(f"{data.dtype}{tuple(data.shape)}".encode())
-            digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+            if data.numel():
+                digest.update(data.reshape(-1).view(torch.uint8).numpy())
         else:
             digest.update(repr(part).encode())
         digest.update(b"\x00")
@@ -70,11 +74,12 @@ def save_entry(path: Path, key: str, obj: Any) -> None:
 def load_entry(path: Path, key: str) -> Any | None:
     """The cached object, or None when absent; an unusable entry warns and is removed."""
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            header = f.readline(256)  # the header is one short line; a longer one is not ours
+            payload = f.read()  # one copy: io.BytesIO below shares an immutable bytes object
     except FileNotFoundError:
         return None
-    header, _, payload = raw.partition(b"\n")
-    fields = header.decode(errors="replace").split(" ")
+    fields = header.rstrip(b"\n").decode(errors="replace").split(" ")
     if len(fields) != 4 or fields[0] != FORMAT or fields[1] != key:
         problem = "stale (written for other inputs or by another fgplugin version)"
     elif fields[3] != str(len(payload)) or fields[2] != hashlib.sha256(payload).hexdigest():
