@@ -16,3 +16,9 @@ def fresh_seed():
 def _deterministic_threads():
     torch.manual_seed(0)
     yield
+
+
+# tests/upstream holds the peer libraries' own tests, run against fgplugin's layers after a
+# process-global patch(); tests/test_upstream_suites.py runs them in a subprocess of their own
+# (with --confcutdir tests/upstream, so this file is not loaded there).
+collect_ignore = ["upstream"]
