@@ -9,6 +9,7 @@ import torch
 
 pytest.importorskip("torch_geometric")
 import torch_geometric.nn as pyg_nn  # noqa: E402
+import torch_geometric.typing  # noqa: E402
 from torch_geometric import EdgeIndex  # noqa: E402
 from torch_geometric.typing import SparseTensor  # noqa: E402
 from torch_geometric.utils import to_torch_coo_tensor, to_torch_csc_tensor, to_torch_csr_tensor  # noqa: E402
@@ -188,6 +189,10 @@ def test_sparse_tensor_inputs(fgplugin_only):
     d = fill.sum(1).rsqrt()
     expected = (d[:, None] * fill * d[None, :]) @ conv.lin(x) + conv.bias
     assert rel_err(conv(x, adj_t), expected) < TOL
+    if torch_geometric.typing.WITH_TORCH_SPARSE:  # the real one: also against the stock layer on it
+        stock = pyg_nn.GCNConv(8, 6, improved=True)
+        stock.load_state_dict(conv.state_dict())
+        assert rel_err(conv(x, adj_t), stock(x, adj_t)) < TOL
     sage_stock, sage = make_pair("sage", lambda cls: cls(8, 6))
     assert rel_err(sage(x, adj_t), sage_stock(x, ei)) < TOL  # the mean ignores the values
     conv.cached = True
