@@ -247,10 +247,12 @@ class TiledAdjacency:
         """Bool [min(n_rows, n_cols)]: which nodes already have a self loop in A."""
         cached = self._shared.get("self_loops")
         if cached is None:
-            n = min(self.shape)
             rows = self._rows()
-            loops = rows == self.col.long()
-            cached = torch.zeros(n, dtype=torch.bool, device=self.device).index_fill_(0, rows[loops], True)
+            loops = (rows == self.col.long()).to(torch.int32)
+            # Counted with index_add (static shapes), not rows[loops] (nonzero): the mask is then
+            # traceable by torch.compile on a graph it sees first.
+            counts = torch.zeros(self.shape[0], dtype=torch.int32, device=self.device).index_add_(0, rows, loops)
+            cached = counts[:min(self.shape)] > 0
             self._shared["self_loops"] = cached
         return cached
 

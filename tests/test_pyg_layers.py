@@ -353,6 +353,10 @@ def test_torch_compile_has_no_graph_breaks():
     assert rel_err(out, expected) < TOL
     out.sum().backward()
     torch._dynamo.reset()
+    # A TiledAdjacency (what BlockReorder attaches) needs no eager warm-up: zero breaks cold.
+    adj = fgplugin.TiledAdjacency.from_edge_index(ei, n)
+    assert torch._dynamo.explain(Net())(x, adj).graph_break_count == 0
+    torch._dynamo.reset()
 
 
 def test_convert_keeps_weights_and_returns_the_model():
