@@ -46,9 +46,8 @@ class ColumnBlock:
     """``A_gj`` of this rank and what it needs to multiply it."""
 
     j: int
-    adj: TiledAdjacency            # (n_g, m): rows of this rank's block, (compacted) columns of block j
+    adj: TiledAdjacency            # (n_g, m): rows of this rank's block, columns of block j (or the remote rows)
     adj_t: TiledAdjacency          # (m, n_g)
-    cols: torch.Tensor | None      # sparse mode, j != g: the m rows of block j it touches (local ids)
     col_scale: torch.Tensor | None  # [m]
     diag: torch.Tensor | None      # [n_g] on the diagonal block only
 
@@ -65,7 +64,13 @@ class ShardedGraph:
         ctx: the :class:`ShardingContext`.
         num_nodes, num_edges: of the whole graph.
         row_start, row_end: this rank's node range (reordered ids).
-        blocks: the :class:`ColumnBlock` s this rank multiplies, by column block index.
+        blocks: the :class:`ColumnBlock` s this rank multiplies, by column block index (sparse
+            mode: only its own block ``g``; the others are merged into ``remote``).
+        remote: sparse mode: one :class:`ColumnBlock` over the rows this rank receives from every
+            other block, stacked in block order (``recv_slices[j] = (offset, count)``). One SpMM
+            over it replaces one per block: each of those wrote and re-added a full ``[n_g, F]``
+            output and launched work for all ``n_g`` rows, which doubled the per-rank SpMM time
+            on 4 GPUs (products-like: 16 ms against 8 ms ideal).
         row_scale: ``[n_g]`` row scale of the normalization (or ``None``).
         fingerprint: ints identifying the graph, equal on every rank (checked at construction).
         profiler: a :class:`~fgplugin.distributed.profile.Profiler` to time SpMM and exposed
@@ -73,7 +78,7 @@ class ShardedGraph:
     """
 
     def __init__(self, ctx: ShardingContext, num_nodes: int, num_edges: int, perm, blocks, row_scale, send_idx,
-                 fingerprint):
+                 fingerprint, remote=None, recv_slices=None):
         self.ctx = ctx
         self.layout = BlockLayout(num_nodes, ctx.num_blocks)
         self.num_nodes, self.num_edges = num_nodes, num_edges
@@ -82,6 +87,8 @@ class ShardedGraph:
         self.blocks: dict[int, ColumnBlock] = blocks
         self.row_scale = row_scale
         self.send_idx: dict[int, torch.Tensor] = send_idx
+        self.remote: ColumnBlock | None = remote
+        self.recv_slices: dict[int, tuple[int, int]] = recv_slices or {}
         self.fingerprint = fingerprint
         self.profiler = None
 
@@ -175,29 +182,33 @@ class ShardedGraph:
         row_scale_own = None if row_scale is None else row_scale[own].contiguous()
         diag_own = None if diag is None else diag[own].contiguous()
 
-        blocks, needs = {}, {}
+        blocks, needs, remote_parts = {}, {}, []
         options = dict(tile_size=tile_size, threshold=threshold)
         for j in ctx.col_blocks:
             sj, nj = layout.start(j), layout.size(j)
             sel = (src >= sj) & (src < sj + nj)
             col_j, row_j = src[sel] - sj, dst[sel]
-            cols = None
+            cs = None if col_scale is None else col_scale[sj:sj + nj]
+            del sel
             if ctx.comm == "sparse" and j != g:
+                # Only the rows of block j that this rank's edges touch travel; they get the column
+                # ids of one compacted "remote" block (see below).
                 cols, col_j = torch.unique(col_j, return_inverse=True)
                 needs[j] = cols
-            m = nj if cols is None else cols.numel()
-            adj = TiledAdjacency.from_edge_index(torch.stack([col_j, row_j]), size=(m, n_own), keep_edge_order=False,
+                remote_parts.append((j, cols.numel(), col_j, row_j, None if cs is None else cs[cols]))
+                continue
+            adj = TiledAdjacency.from_edge_index(torch.stack([col_j, row_j]), size=(nj, n_own), keep_edge_order=False,
                                                  **options)
             adj_t = adj if j == g and _is_symmetric(adj) else TiledAdjacency.from_edge_index(
-                torch.stack([row_j, col_j]), size=(n_own, m), keep_edge_order=False, **options)
-            cs = None if col_scale is None else col_scale[sj:sj + nj]
-            if cs is not None and cols is not None:
-                cs = cs[cols]
-            blocks[j] = ColumnBlock(j, adj, adj_t, cols, None if cs is None else cs.contiguous(),
+                torch.stack([row_j, col_j]), size=(n_own, nj), keep_edge_order=False, **options)
+            blocks[j] = ColumnBlock(j, adj, adj_t, None if cs is None else cs.contiguous(),
                                     diag_own if j == g else None)
-            del sel, col_j, row_j
+            del col_j, row_j
         del src, dst
+        remote, recv_slices = _remote_block(remote_parts, n_own, options, device)
+        del remote_parts
         send_idx = _exchange_needs(ctx, needs, layout) if ctx.comm == "sparse" else {}
+        return cls(ctx, n, num_edges, perm, blocks, row_scale_own, send_idx, fingerprint, remote, recv_slices)
         return cls(ctx, n, num_edges, perm, blocks, row_scale_own, send_idx, fingerprint)
 
     # ------------------------------------------------------------------ node data
@@ -229,14 +240,16 @@ class ShardedGraph:
     def nbytes(self) -> int:
         """Bytes held by this rank's blocks (structure, plans, transposes, scales)."""
         total, seen = 0, set()
-        for b in self.blocks.values():
+        for b in self._all_blocks():
             for adj in (b.adj, b.adj_t):
                 if id(adj) not in seen:
                     seen.add(id(adj))
                     total += adj.nbytes
-            for t in (b.cols, b.col_scale):
-                total += 0 if t is None else t.numel() * t.element_size()
+            total += 0 if b.col_scale is None else b.col_scale.numel() * b.col_scale.element_size()
         return total
+
+    def _all_blocks(self) -> list[ColumnBlock]:
+        return list(self.blocks.values()) + ([self.remote] if self.remote is not None else [])
 
     def aggregate(self, h: torch.Tensor) -> torch.Tensor:
         """``dist_spmm(self, h)``, so models take either this or a single-process graph."""
@@ -293,30 +306,26 @@ class ShardedGraph:
                     out = self._block_mm(self.blocks[j], self._received(inflight[1], h.dtype), out)
                 inflight = nxt
         else:
-            steps = list(range(1, ctx.num_blocks))
-
-            def post(step):
-                ops, recv = [], None
+            # Every transfer is posted at once (one NCCL group), the own block's product overlaps
+            # them, then one product over all received rows.
+            recv_all = None if self.remote is None else torch.empty(self.remote.adj.shape[1], f, dtype=wire,
+                                                                     device=h.device)
+            ops = []
+            for step in range(1, ctx.num_blocks):
                 j, to = (g + step) % ctx.num_blocks, (g - step) % ctx.num_blocks
-                if j in self.blocks and self.blocks[j].cols.numel():
-                    recv = torch.empty(self.blocks[j].cols.numel(), f, dtype=wire, device=h.device)
-                    ops.append(dist.P2POp(dist.irecv, recv, ctx.owner(j), ctx.col_group))
+                offset, count = self.recv_slices.get(j, (0, 0))
+                if count:
+                    ops.append(dist.P2POp(dist.irecv, recv_all[offset:offset + count], ctx.owner(j), ctx.col_group))
                 send = self.send_idx.get(to)
                 if send is not None and send.numel():
                     ops.append(dist.P2POp(dist.isend, self._send_buf(h.index_select(0, send)), ctx.owner(to),
                                           ctx.col_group))
-                return (dist.batch_isend_irecv(ops) if ops else []), (j, recv), ops
-
-            inflight = post(steps[0]) if steps else None
+            works = dist.batch_isend_irecv(ops) if ops else []
             if g in self.blocks:
                 out = self._block_mm(self.blocks[g], h, out)
-            for i in range(len(steps)):
-                nxt = post(steps[i + 1]) if i + 1 < len(steps) else None
-                self._wait(inflight[0])
-                j, recv = inflight[1]
-                if recv is not None:
-                    out = self._block_mm(self.blocks[j], self._received(recv, h.dtype), out)
-                inflight = nxt
+            self._wait(works)
+            if self.remote is not None:
+                out = self._block_mm(self.remote, self._received(recv_all, h.dtype), out)
         if out is None:  # every block this rank multiplies is empty
             out = torch.zeros(self.num_rows, f, dtype=h.dtype, device=h.device)
         if ctx.row_group is not None:
@@ -347,44 +356,38 @@ class ShardedGraph:
             for item in pending:
                 out = finish(*item)
         else:
-            def post(step, part):
-                ops, recv = [], None
+            # The remote product is computed first and its slices sent to their owners while the
+            # own block's product runs; what other ranks computed for this block's rows arrives
+            # and is added at the rows they read (send_idx).
+            part = None if self.remote is None else self._send_buf(self._block_mm_t(self.remote, grad))
+            ops, recvs = [], []
+            for step in range(1, ctx.num_blocks):
                 j, frm = (g + step) % ctx.num_blocks, (g - step) % ctx.num_blocks
-                if part is not None:
-                    ops.append(dist.P2POp(dist.isend, part, ctx.owner(j), ctx.col_group))
+                offset, count = self.recv_slices.get(j, (0, 0))
+                if count:
+                    ops.append(dist.P2POp(dist.isend, part[offset:offset + count], ctx.owner(j), ctx.col_group))
                 idx = self.send_idx.get(frm)
                 if idx is not None and idx.numel():
                     recv = torch.empty(idx.numel(), f, dtype=wire, device=grad.device)
                     ops.append(dist.P2POp(dist.irecv, recv, ctx.owner(frm), ctx.col_group))
-                return (dist.batch_isend_irecv(ops) if ops else []), (idx, recv), ops
-
-            def product(step):
-                b = self.blocks.get((g + step) % ctx.num_blocks)
-                if b is None or not b.cols.numel():
-                    return None
-                return self._send_buf(self._block_mm_t(b, grad))
-
-            inflight = None
-            if ctx.num_blocks > 1:
-                inflight = post(1, product(1))
+                    recvs.append((idx, recv))
+            works = dist.batch_isend_irecv(ops) if ops else []
             if g in self.blocks:
-                out = self._block_mm_t(self.blocks[g], grad)  # overlaps the first transfer
-            for step in range(1, ctx.num_blocks):
-                nxt = post(step + 1, product(step + 1)) if step + 1 < ctx.num_blocks else None
-                self._wait(inflight[0])
-                idx, recv = inflight[1]
-                if recv is not None:
-                    if out is None:
-                        out = torch.zeros(self.num_rows, f, dtype=grad.dtype, device=grad.device)
-                    out.index_add_(0, idx, self._received(recv, grad.dtype))
-                inflight = nxt
+                out = self._block_mm_t(self.blocks[g], grad)
+            self._wait(works)
+            for idx, recv in recvs:
+                if out is None:
+                    out = torch.zeros(self.num_rows, f, dtype=grad.dtype, device=grad.device)
+                out.index_add_(0, idx, self._received(recv, grad.dtype))
         if out is None:  # this replica holds no part of its own block's gradient
             out = torch.zeros(self.num_rows, f, dtype=grad.dtype, device=grad.device)
         return out
 
     def __repr__(self) -> str:
         m = {j: b.adj.shape[1] for j, b in self.blocks.items()}
-        nnz = sum(b.adj.nnz for b in self.blocks.values())
+        if self.remote is not None:
+            m["remote"] = self.remote.adj.shape[1]
+        nnz = sum(b.adj.nnz for b in self._all_blocks())
         return (f"ShardedGraph(rank {self.ctx.rank}: rows [{self.row_start}, {self.row_end}) of {self.num_nodes}, "
                 f"column blocks {m} (columns each), nnz={nnz} of {self.num_edges}, {self.ctx.scheme} "
                 f"r={self.ctx.replication}, comm={self.ctx.comm!r}, device={self.ctx.device})")
@@ -443,6 +446,27 @@ def _is_symmetric(adj: TiledAdjacency) -> bool:
 
 _FIELDS = ("num_nodes", "num_edges", "edge hash 1", "edge hash 2", "perm hash", "world size", "replication",
            "comm", "norm", "improved")
+
+
+def _remote_block(parts, n_own: int, options: dict, device):
+    """One :class:`ColumnBlock` over the received rows of every other block, stacked in the order
+    of ``parts`` = ``[(j, count, local column ids, rows, column scales or None)]``, and each
+    block's ``(offset, count)`` in it; ``(None, {})`` without parts or edges."""
+    slices, offset = {}, 0
+    for j, count, *_ in parts:
+        slices[j] = (offset, count)
+        offset += count
+    if offset == 0:
+        return None, slices
+    col = torch.cat([c + slices[j][0] for j, _, c, _, _ in parts])
+    row = torch.cat([r for *_, r, _ in parts])
+    scales = [cs for *_, cs in parts]
+    col_scale = None if scales[0] is None else torch.cat(scales).contiguous()
+    adj = TiledAdjacency.from_edge_index(torch.stack([col, row]), size=(offset, n_own), keep_edge_order=False,
+                                         **options)
+    adj_t = TiledAdjacency.from_edge_index(torch.stack([row, col]), size=(n_own, offset), keep_edge_order=False,
+                                           **options)
+    return ColumnBlock(-1, adj, adj_t, col_scale, None), slices
 
 
 def _check_agreement(fingerprint: list[int], device) -> None:
