@@ -154,6 +154,23 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, values, row_scale, col_scale, diag)):
         t_rowptr, t_col, _ = adj.transpose()
         t_values = None if values is None else adj.transposed_values(values)
+    features, pad = x.shape[1], _vector_pad(x)
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad))
     plan, t_plan = kernel_plans(adj, x, t_rowptr is not None)
-    return torch.ops.fgplugin.spmm.default(adj.rowptr, adj.col, values, x, row_scale, col_scale, diag,
-                                           t_rowptr, t_col, t_values, plan, t_plan)
+    out = torch.ops.fgplugin.spmm.default(adj.rowptr, adj.col, values, x, row_scale, col_scale, diag,
+                                          t_rowptr, t_col, t_values, plan, t_plan)
+    return out[:, :features].contiguous() if pad else out
+
+
+def _vector_pad(x: torch.Tensor) -> int:
+    """Zero columns that make a CUDA ``x``'s rows whole 16-byte vectors (0 when they are).
+
+    Why: the CUDA kernels gather a neighbour's row with 16-byte loads only when F is a multiple
+    of 4 (fp32) or 8 (16-bit); otherwise every element is a 4-byte load. On reddit-like (H200)
+    the F=41 SpMMs of a GCN's output layer took about as long as the F=128 ones. Padding costs
+    two n x F copies; the backward pads the gradient the same way (autograd of pad and slice)."""
+    if x.device.type != "cuda" or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return 0
+    per_vector = 16 // x.element_size()
+    return -x.shape[1] % per_vector

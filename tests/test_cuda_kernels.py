@@ -201,7 +201,8 @@ def test_forward_backward_through_fgplugin_spmm(weighted, square):
                           max_hub_edges=900)
     adj_cpu = _adj(case, threshold=0.03)
     adj = adj_cpu.to("cuda")
-    x_cpu, rs, cs, d = _inputs(case, 40, torch.float32, 3, device="cpu")
+    # F=41: not whole 16-byte vectors, so fgplugin.spmm pads x on CUDA (and the gradient through it)
+    x_cpu, rs, cs, d = _inputs(case, 41, torch.float32, 3, device="cpu")
     results = {}
     for name, a, dev in (("cpu", adj_cpu, "cpu"), ("cuda", adj, "cuda")):
         x = x_cpu.detach().to(dev, copy=True).requires_grad_()  # fresh leaves for each device
