@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ._csr import index_dtype_for, rows_of_edges, rowptr_from_sorted_rows
+from .autotune import DEFAULT_THRESHOLD
 from .validation import check_csr, check_edge_index, check_edge_values, check_perm, check_tile_options
 
 
@@ -20,14 +21,16 @@ from .validation import check_csr, check_edge_index, check_edge_values, check_pe
 class TilePlan:
     """Classification of the T x T tiles of A into dense tiles and the sparse remainder.
 
-    A tile is dense when its non-zero count exceeds ``threshold * T * T`` (strictly). Dense tiles
+    A tile is dense when its non-zero count exceeds ``threshold * T * T`` (strictly); with
+    ``threshold="auto"`` the CUDA kernel's plan picks its threshold per graph (fgplugin.autotune)
+    and these host-side statistics use the default 0.05. Dense tiles
     are listed per row panel (rows ``[p*T, (p+1)*T)``) in CSR form: ``panel_ptr`` [n_panels + 1]
     indexes ``tile_col`` (column-panel index of each dense tile, ascending within a panel) and
     ``tile_nnz`` (its non-zero count). Everything outside dense tiles is the sparse remainder.
     """
 
     tile_size: int
-    threshold: float
+    threshold: float | str
     panel_ptr: torch.Tensor
     tile_col: torch.Tensor
     tile_nnz: torch.Tensor
@@ -46,7 +49,8 @@ def build_tile_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, i
     rows = rows_of_edges(rowptr, col.numel())
     keys = (rows // tile_size) * n_col_panels + col.long() // tile_size
     tiles, counts = torch.unique(keys, return_counts=True)  # sorted: panel-major, then column panel
-    dense = counts > threshold * tile_size * tile_size
+    density = DEFAULT_THRESHOLD if threshold == "auto" else threshold
+    dense = counts > density * tile_size * tile_size
     dense_tiles = tiles[dense]
     panel_of_tile = dense_tiles // n_col_panels
     return TilePlan(
@@ -350,8 +354,12 @@ class TiledAdjacency:
         tiles = self.tiles
         return (f"TiledAdjacency(shape={self.shape}, nnz={self.nnz}, index={str(self.col.dtype).replace('torch.', '')}, "
                 f"weighted={self.values is not None}, tiles={tiles.tile_size}x{tiles.tile_size} dense above "
-                f"{100 * tiles.threshold:.3g}%: {tiles.num_dense_tiles} tiles holding {100 * self.dense_share:.1f}% of nnz, "
+                f"{_threshold_text(tiles.threshold)}: {tiles.num_dense_tiles} tiles holding {100 * self.dense_share:.1f}% of nnz, "
                 f"reordered={self.perm is not None}, device={self.device}, nbytes={self.nbytes})")
+
+
+def _threshold_text(threshold) -> str:
+    return "auto (5% here)" if threshold == "auto" else f"{100 * threshold:.3g}%"
 
 
 def _inverse_permutation(perm: torch.Tensor) -> torch.Tensor:

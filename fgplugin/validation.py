@@ -93,5 +93,8 @@ def check_perm(perm, n: int, device: torch.device) -> torch.Tensor:
 def check_tile_options(tile_size, threshold) -> None:
     if not isinstance(tile_size, int) or isinstance(tile_size, bool) or tile_size < 1:
         raise ValueError(f"tile_size must be a positive int (32 is the default and what the CUDA kernel tiles), got {tile_size!r}")
+    if threshold == "auto":
+        return
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"threshold must be a density in [0, 1] (0.05 = a tile is dense above 5% non-zeros), got {threshold!r}")
+        raise ValueError(f"threshold must be a density in [0, 1] (0.05 = a tile is dense above 5% non-zeros) or "
+                         f"\"auto\" (chosen per graph on the GPU by a short timed probe), got {threshold!r}")

@@ -241,6 +241,11 @@ def test_auto_threshold_probe():
     best = choose_threshold(adj, x)
     assert best in CANDIDATES
     assert choose_threshold(adj, x) == best  # cached
+    # The user-facing form: an adjacency built with threshold="auto" runs the probe's choice.
+    auto = _adj(case).to("cuda").with_tiles(threshold="auto")
+    out = fgplugin.spmm(auto, x)
+    assert auto._shared[("auto_threshold", 32, auto.device, "fp32")] in CANDIDATES
+    assert rel_error(out, fgplugin.spmm(adj, x)) <= 1e-5
 
 
 @requires_kernel

@@ -52,6 +52,23 @@ def test_tile_exactly_at_threshold_is_sparse():
     assert adj.tiles.tile_nnz.tolist() == [53]
 
 
+def test_auto_threshold_option():
+    """threshold="auto" is accepted everywhere a threshold is; off the GPU (and for the host-side
+    statistics) it means the default 5%; it survives pickling; other strings are refused."""
+    adj = CASES["dense_block"].adjacency()
+    auto = adj.with_tiles(threshold="auto")
+    assert auto.tiles.threshold == "auto" and "dense above auto" in repr(auto)
+    assert auto.tiles.tile_col.tolist() == adj.with_tiles(threshold=0.05).tiles.tile_col.tolist()
+    buffer = io.BytesIO()
+    torch.save(auto, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True).tiles.threshold == "auto"
+    x = torch.randn(adj.shape[1], 5)
+    assert torch.equal(fgplugin.spmm(auto, x), fgplugin.spmm(adj, x))
+    with pytest.raises(ValueError, match='or "auto"'):
+        adj.with_tiles(threshold="fast")
+
+
 def test_with_tiles_reclassifies():
     adj = CASES["dense_block"].adjacency()
     assert adj.with_tiles(threshold=0.5).tiles.tile_col.tolist() == [1]  # the full 32x32 block only
