@@ -44,6 +44,14 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
     if cache is False:
         return build()
     folder = default_cache_dir() if cache is True else Path(cache)
-    key = tensor_digest(PLAN_VERSION, edge_index, num_nodes, edge_weight, method, parts, seed, tile_size, threshold)
+    key = cache_key(edge_index, num_nodes, edge_weight, method=method, parts=parts, seed=seed, tile_size=tile_size,
+                    threshold=threshold)
     adj = cached(folder / f"{key}.pt", key, lambda: build().cpu())
     return adj.to(edge_index.device)
+
+
+def cache_key(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.Tensor | None = None, *,
+              method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,
+              threshold: float = 0.05) -> str:
+    """The disk-cache key of :func:`reorder_graph` for these arguments (entry: ``<key>.pt``)."""
+    return tensor_digest(PLAN_VERSION, edge_index, num_nodes, edge_weight, method, parts, seed, tile_size, threshold)

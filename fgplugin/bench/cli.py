@@ -141,31 +141,34 @@ def main(argv=None) -> int:
     except OSError:
         load_start = None
     bar = _progress(not args.no_progress, args.suite)
+    extra_keys = {}
+
+    def checkpoint(rows_so_far):  # partial results survive a time limit
+        partial = report.result(args.suite, rows_so_far, device, argv=[*_prog(), *argv], loadavg_start=load_start,
+                                partial=True, **extra_keys)
+        report.write(partial, args.out, args.name, log=_log, plot=False)
+
     if args.suite == "epoch":
         graphs = _list(args.graphs) or list(epoch.GPU_GRAPHS if device.type == "cuda" else epoch.CPU_GRAPHS)
         epochs = args.epochs or 20
-        extra_keys = {"epochs_timed": epochs, "warmup": args.warmup}
-
-        def checkpoint(rows_so_far):  # partial results survive a time limit
-            partial = report.result(args.suite, rows_so_far, device, argv=[*_prog(), *argv], loadavg_start=load_start,
-                                    partial=True, **extra_keys)
-            report.write(partial, args.out, args.name, log=_log, plot=False)
+        extra_keys.update(epochs_timed=epochs, warmup=args.warmup)
 
         rows = epoch.run_epoch_suite(graphs, impls or epoch.default_impls(device), orders, epochs, device,
                                      args.hidden, warmup=args.warmup, progress=bar, log=_log, checkpoint=checkpoint)
     elif args.suite == "reorder":
         graphs = _list(args.graphs) or list(epoch.GPU_GRAPHS if device.type == "cuda" else epoch.CPU_GRAPHS)
         epochs = args.epochs or 20
+        extra_keys.update(epochs_timed=epochs, warmup=args.warmup, tile_size=32, threshold=0.05)
+
         rows = epoch.run_reorder_suite(graphs, [o for o in orders if o != "original"], epochs, device, args.hidden,
-                                       warmup=args.warmup, progress=bar, log=_log)
-        extra_keys = {"epochs_timed": epochs, "warmup": args.warmup, "tile_size": 32, "threshold": 0.05}
+                                       warmup=args.warmup, progress=bar, log=_log, checkpoint=checkpoint)
     else:  # accuracy
         graphs = _list(args.graphs) or list(epoch.ACCURACY_GRAPHS)
         epochs = args.epochs or 200
         seeds = [int(s) for s in _list(args.seeds)]
         rows = epoch.run_accuracy_suite(graphs, impls or ("pyg-edge_index", "fgplugin"), orders, seeds, epochs,
                                         args.hidden or 64, device, progress=bar, log=_log)
-        extra_keys = {"epochs": epochs, "seeds": seeds}
+        extra_keys.update(epochs=epochs, seeds=seeds)
     res = report.result(args.suite, rows, device, argv=[*_prog(), *argv], loadavg_start=load_start,
                         **extra_keys)
     paths = report.write(res, args.out, args.name, log=_log)
