@@ -357,6 +357,15 @@ def test_torch_compile_has_no_graph_breaks():
     adj = fgplugin.TiledAdjacency.from_edge_index(ei, n)
     assert torch._dynamo.explain(Net())(x, adj).graph_break_count == 0
     torch._dynamo.reset()
+    # An edge_index first seen while compiling: built behind a graph break, then our kernel runs
+    # (not the stock propagate, which tracing would otherwise bake into the compiled model).
+    cold = ei.clone()
+    compiled = torch.compile(Net())
+    for _ in range(2):
+        with torch.profiler.profile() as prof:
+            compiled(x, cold)
+        assert "fgplugin::spmm" in {e.key for e in prof.key_averages()}
+    torch._dynamo.reset()
 
 
 def test_convert_keeps_weights_and_returns_the_model():

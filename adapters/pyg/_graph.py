@@ -9,8 +9,9 @@ counts. An entry dies with its input object, and every layer given the same obje
 may change between calls (edge weights, the values of a sparse ``adj_t``, normalizations) is never
 cached here.
 
-Under ``torch.compile`` the cache is only read (building needs host synchronisation): a graph
-first seen inside a compiled region gets ``None``, and the layer then runs the stock PyG code.
+Under ``torch.compile`` a cached graph is read without a graph break; a graph first seen inside a
+compiled region is built eagerly behind one graph break (building needs data-dependent shapes),
+so the compiled model runs fgplugin's kernel either way.
 """
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ class Graph(NamedTuple):
 
 def graph_of(source, n_src: int | None, n_dst: int | None, flip: bool = False) -> Graph | None:
     """The :class:`Graph` of ``source``, or ``None`` when fgplugin cannot serve it here (an input
-    the stock layer rejects, a reversed flow on a sparse input, or a graph first seen while
-    compiling); the caller then runs the stock code path, errors included.
+    the stock layer rejects, a reversed flow on a sparse input); the caller then runs the stock
+    code path, errors included.
 
     ``n_src`` / ``n_dst`` are the node counts an ``edge_index`` spans (sparse inputs carry theirs);
     ``flip`` reverses an ``edge_index`` (PyG's ``flow="target_to_source"``).
@@ -62,7 +63,20 @@ def graph_of(source, n_src: int | None, n_dst: int | None, flip: bool = False) -
     key = (n_src, n_dst, flip) if kind == "edge_index" else ()
     if torch.compiler.is_compiling():
         entry = _cache.get(id(source))
-        return None if entry is None else entry[2].get(key)
+        graph = None if entry is None else entry[2].get(key)
+        # A graph first seen while compiling is built eagerly behind one graph break; tracing it
+        # would need data-dependent shapes, and falling back to the stock code here would bake
+        # the stock path into the compiled model for good.
+        return graph if graph is not None else _graph_of_eagerly(source, n_src, n_dst, flip)
+    return _cached_graph(source, kind, key, n_src, n_dst, flip)
+
+
+@torch.compiler.disable
+def _graph_of_eagerly(source, n_src, n_dst, flip):
+    return graph_of(source, n_src, n_dst, flip)
+
+
+def _cached_graph(source, kind, key, n_src, n_dst, flip):
     version = source._version if isinstance(source, torch.Tensor) else 0
     entry = _cache.get(id(source))
     if entry is None or entry[0]() is not source or entry[1] != version:
