@@ -6,10 +6,9 @@ from typing import Callable
 import torch
 
 from ._graph import SymGraph
+from ._progress import LONG_RUN_EDGES, maybe_tqdm
 
-# Auto progress bar: only where a run takes long enough for one to be useful.
-_LONG_RUN_EDGES = 10_000_000
-_MANY_PARTS = 64
+_MANY_PARTS = 64  # so many blocks that a bar helps even on a small graph
 
 
 def blockwise(
@@ -29,20 +28,11 @@ def blockwise(
     if n == 0:  # some host orderings (scipy's RCM) reject an empty matrix
         return torch.zeros(0, dtype=torch.long, device=graph.device)
     if progress is None:
-        progress = graph.num_edges > _LONG_RUN_EDGES or parts >= _MANY_PARTS
+        progress = graph.num_edges > LONG_RUN_EDGES or parts >= _MANY_PARTS
     bounds = [i * n // parts for i in range(parts + 1)]
     pieces = []
-    for start, end in _maybe_tqdm(list(zip(bounds[:-1], bounds[1:])), progress, desc):
+    for start, end in maybe_tqdm(list(zip(bounds[:-1], bounds[1:])), progress, desc):
         block = graph if parts == 1 else graph.diagonal_block(start, end)
         pieces.append(order(block) + start)
     return torch.cat(pieces)
 
-
-def _maybe_tqdm(items: list, show: bool, desc: str):
-    if not show:
-        return items
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is optional: no bar, same result
-        return items
-    return tqdm(items, desc=desc, unit="block")

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ._graph import SymGraph
+from ._progress import LONG_RUN_EDGES, maybe_tqdm
 
 # Above this many clusters, partition in two levels (see `metis`).
 _SINGLE_LEVEL_MAX_PARTS = 512
@@ -61,12 +62,14 @@ def metis(graph: SymGraph, *, seed: int = 0, cluster_size: int = 200, coarse_par
     coarse = coarse.to(graph.device)
     jobs, members = _coarse_blocks(graph, coarse, coarse_parts, cluster_size, seed)
     workers = min(len(jobs), workers or len(os.sched_getaffinity(0)))
+    show = graph.num_edges > LONG_RUN_EDGES  # the second level of a big graph runs for a minute or more
     if workers <= 1:
-        clusters = [_part_graph(*job) for job in jobs]
+        clusters = [_part_graph(*job) for job in maybe_tqdm(jobs, show, "metis: clusters per part", unit="part")]
     else:
         # spawn, not fork: the parent may hold CUDA and OpenMP state that a forked child must not touch.
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            clusters = list(pool.map(_part_graph_star, jobs))
+            results = pool.map(_part_graph_star, jobs)
+            clusters = list(maybe_tqdm(results, show, "metis: clusters per part", total=len(jobs), unit="part"))
     order = [nodes[torch.argsort(torch.from_numpy(c).to(nodes.device), stable=True)]
              for nodes, c in zip(members, clusters)]
     return torch.cat(order)
