@@ -220,7 +220,8 @@ def _graph(name, args, device):
         torch.cuda.synchronize()
     data.meta["generate_s"] = time.perf_counter() - t
     fields = ("edge_index", "x", "y", "train_mask", "val_mask", "test_mask")
-    mine = torch.tensor([_digest(getattr(data, f)) for f in fields] + [data.edge_index.shape[1]], device=device)
+    mine = torch.tensor([_digest(getattr(data, f)) for f in fields if getattr(data, f) is not None]
+                        + [data.edge_index.shape[1]], device=device)
     digests = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(digests, mine)
     data.meta["generator_disagreed"] = [r for r, d in enumerate(digests) if not torch.equal(d, digests[0])]
@@ -231,7 +232,8 @@ def _graph(name, args, device):
         if data.edge_index.shape[1] != num_edges:
             data.edge_index = torch.empty(2, num_edges, dtype=torch.long, device=device)
         for f in fields:
-            dist.broadcast(getattr(data, f), 0)
+            if getattr(data, f) is not None:
+                dist.broadcast(getattr(data, f), 0)
     return data
 
 

@@ -333,3 +333,41 @@ def test_eight_ranks_1d_and_15d_match_single_process(cora_path, reference):
     configs = [(1, "sparse", "random"), (2, "sparse", "random")]
     ranks = _ok(_launch(8, _train_only, cora_path, configs, deadline_s=300), 8)
     _check_equal(ranks, *reference, configs)
+
+
+# ---------------------------------------------------------------------- scaling benchmark
+def _scaling_graph_rank(rank, world):
+    """benchmarks/scaling.py's _graph with rank 1's generator made to drop an edge."""
+    import importlib.util
+    import types
+    from pathlib import Path
+
+    import fgplugin.datasets
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "scaling.py"
+    spec = importlib.util.spec_from_file_location("fgplugin_scaling_bench", path)
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
+    generate = fgplugin.datasets.community_graph
+
+    def flaky(*args, **kwargs):
+        data = generate(*args, **kwargs)
+        if rank == 1:
+            data.edge_index = data.edge_index[:, 1:].contiguous()
+        return data
+
+    fgplugin.datasets.community_graph = flaky
+    data = scaling._graph("small", types.SimpleNamespace(quick=True, seed=0), torch.device("cpu"))
+    reference = generate("small", seed=0)
+    return (data.meta["generator_disagreed"], torch.equal(data.edge_index, reference.edge_index),
+            torch.equal(data.x, reference.x))
+
+
+def test_scaling_benchmark_takes_rank0_graph():
+    """A rank whose generator disagrees is reported and gets rank 0's graph (archaea-like once
+    differed on one of four H200s)."""
+    results = _launch(2, _scaling_graph_rank)
+    for rank in range(2):
+        status, value = results[rank]
+        assert status == "ok", value
+        assert value == ([1], True, True)
