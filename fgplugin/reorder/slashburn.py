@@ -6,6 +6,7 @@ import math
 import torch
 
 from ._graph import SymGraph, connected_components, lexsort
+from ._progress import LONG_RUN_EDGES, maybe_tqdm
 
 
 def slashburn(graph: SymGraph, *, seed: int = 0, k: int | None = None) -> torch.Tensor:
@@ -34,7 +35,11 @@ def slashburn(graph: SymGraph, *, seed: int = 0, k: int | None = None) -> torch.
     alive = torch.ones(n, dtype=torch.bool, device=device)  # in the current giant component
     nodes = torch.arange(n, device=device)  # the alive ids, ascending
     front, back = [], []
+    # At most n / k iterations (each removes >= k nodes); a bar for the big graphs.
+    bar = maybe_tqdm(None, graph.num_edges > LONG_RUN_EDGES, "slashburn", total=-(-n // k), unit="round")
     while nodes.numel() > k:
+        if bar is not None:
+            bar.update()
         degree = torch.bincount(row, minlength=n)
         hubs = nodes[torch.argsort(-degree[nodes], stable=True)[:k]]
         front.append(hubs)
@@ -51,6 +56,8 @@ def slashburn(graph: SymGraph, *, seed: int = 0, k: int | None = None) -> torch.
         keep = alive[row]  # an edge lies inside one component: one end decides
         row, col = row[keep], col[keep]
         nodes = nodes[in_giant]
+    if bar is not None:
+        bar.close()
     degree = torch.bincount(row, minlength=n)
     front.append(nodes[torch.argsort(-degree[nodes], stable=True)])
     # Spokes found first sit at the very end.
