@@ -67,13 +67,8 @@ def graph_of(source, n_src: int | None, n_dst: int | None, flip: bool = False) -
         # A graph first seen while compiling is built eagerly behind one graph break; tracing it
         # would need data-dependent shapes, and falling back to the stock code here would bake
         # the stock path into the compiled model for good.
-        return graph if graph is not None else _graph_of_eagerly(source, n_src, n_dst, flip)
+        return graph if graph is not None else _cached_graph_eagerly(source, kind, key, n_src, n_dst, flip)
     return _cached_graph(source, kind, key, n_src, n_dst, flip)
-
-
-@torch.compiler.disable
-def _graph_of_eagerly(source, n_src, n_dst, flip):
-    return graph_of(source, n_src, n_dst, flip)
 
 
 def _cached_graph(source, kind, key, n_src, n_dst, flip):
@@ -90,6 +85,9 @@ def _cached_graph(source, kind, key, n_src, n_dst, flip):
             return None  # let the stock layer raise its own error for this input
         entry[2][key] = graph
     return graph
+
+
+_cached_graph_eagerly = torch.compiler.disable(_cached_graph)
 
 
 def values_of(source) -> torch.Tensor | None:

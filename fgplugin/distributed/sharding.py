@@ -310,17 +310,8 @@ class ShardedGraph:
             # them, then one product over all received rows.
             recv_all = None if self.remote is None else torch.empty(self.remote.adj.shape[1], f, dtype=wire,
                                                                      device=h.device)
-            ops = []
-            for step in range(1, ctx.num_blocks):
-                j, to = (g + step) % ctx.num_blocks, (g - step) % ctx.num_blocks
-                offset, count = self.recv_slices.get(j, (0, 0))
-                if count:
-                    ops.append(dist.P2POp(dist.irecv, recv_all[offset:offset + count], ctx.owner(j), ctx.col_group))
-                send = self.send_idx.get(to)
-                if send is not None and send.numel():
-                    ops.append(dist.P2POp(dist.isend, self._send_buf(h.index_select(0, send)), ctx.owner(to),
-                                          ctx.col_group))
-            works = dist.batch_isend_irecv(ops) if ops else []
+            works = self._exchange(recv_all, dist.irecv, lambda rows: self._send_buf(h.index_select(0, rows)),
+                                   dist.isend)
             if g in self.blocks:
                 out = self._block_mm(self.blocks[g], h, out)
             self._wait(works)
@@ -332,6 +323,24 @@ class ShardedGraph:
             with self._region("comm"):
                 dist.all_reduce(out, group=ctx.row_group)
         return out
+
+    def _exchange(self, remote, remote_op, peer_buffer, peer_op) -> list:
+        """Posts the sparse exchange in one group: slice ``recv_slices[j]`` of ``remote`` (the
+        stacked rows of the other blocks) with block j's owner, and with each member k that reads
+        rows ``send_idx[k]`` of this block the buffer ``peer_buffer(send_idx[k])``. The forward
+        receives ``remote`` and sends the rows; the backward sends ``remote``'s partial products
+        and receives theirs."""
+        ctx, g, q = self.ctx, self.ctx.block, self.ctx.num_blocks
+        ops = []
+        for step in range(1, q):
+            j, k = (g + step) % q, (g - step) % q
+            offset, count = self.recv_slices.get(j, (0, 0))
+            if count:
+                ops.append(dist.P2POp(remote_op, remote[offset:offset + count], ctx.owner(j), ctx.col_group))
+            rows = self.send_idx.get(k)
+            if rows is not None and rows.numel():
+                ops.append(dist.P2POp(peer_op, peer_buffer(rows), ctx.owner(k), ctx.col_group))
+        return dist.batch_isend_irecv(ops) if ops else []
 
     def _backward(self, grad: torch.Tensor) -> torch.Tensor:
         ctx, g = self.ctx, self.ctx.block
@@ -360,18 +369,13 @@ class ShardedGraph:
             # own block's product runs; what other ranks computed for this block's rows arrives
             # and is added at the rows they read (send_idx).
             part = None if self.remote is None else self._send_buf(self._block_mm_t(self.remote, grad))
-            ops, recvs = [], []
-            for step in range(1, ctx.num_blocks):
-                j, frm = (g + step) % ctx.num_blocks, (g - step) % ctx.num_blocks
-                offset, count = self.recv_slices.get(j, (0, 0))
-                if count:
-                    ops.append(dist.P2POp(dist.isend, part[offset:offset + count], ctx.owner(j), ctx.col_group))
-                idx = self.send_idx.get(frm)
-                if idx is not None and idx.numel():
-                    recv = torch.empty(idx.numel(), f, dtype=wire, device=grad.device)
-                    ops.append(dist.P2POp(dist.irecv, recv, ctx.owner(frm), ctx.col_group))
-                    recvs.append((idx, recv))
-            works = dist.batch_isend_irecv(ops) if ops else []
+            recvs = []
+
+            def receive(rows):
+                recvs.append((rows, torch.empty(rows.numel(), f, dtype=wire, device=grad.device)))
+                return recvs[-1][1]
+
+            works = self._exchange(part, dist.isend, receive, dist.irecv)
             if g in self.blocks:
                 out = self._block_mm_t(self.blocks[g], grad)
             self._wait(works)

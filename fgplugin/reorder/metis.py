@@ -86,11 +86,12 @@ def _coarse_blocks(graph: SymGraph, coarse: torch.Tensor, coarse_parts: int, clu
     local[members_order] = torch.arange(n, device=graph.device) - starts[coarse[members_order]]
     inside = coarse[graph.row] == coarse[graph.col]
     row, col = graph.row[inside], graph.col[inside]
+    part_of_edge = coarse[row]
     # Edges are sorted by (row, col) and local ids keep the id order, so a stable sort by part
     # leaves every part's edges sorted by (local row, local col): CSR order.
-    by_part = torch.argsort(coarse[row], stable=True)
+    by_part = torch.argsort(part_of_edge, stable=True)
     row, col = local[row[by_part]], local[col[by_part]]
-    edge_counts = torch.bincount(coarse[graph.row[inside]], minlength=coarse_parts)
+    edge_counts = torch.bincount(part_of_edge, minlength=coarse_parts)
     jobs, members = [], []
     for p, (nodes, rows, cols) in enumerate(zip(members_order.split(sizes.tolist()), row.split(edge_counts.tolist()),
                                                 col.split(edge_counts.tolist()))):
