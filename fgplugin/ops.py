@@ -129,18 +129,36 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     the edge weights ``adj.values``, the scales and ``diag``; works under
     ``torch.compile(fullgraph=True)``. Returns ``[num_dst, F]`` in the dtype of ``x``.
     """
+    return _product(adj, x, row_scale, col_scale, diag, adjoint=False)
+
+
+def spmm_adjoint(adj: TiledAdjacency, g: torch.Tensor, row_scale=None, col_scale=None, diag=None) -> torch.Tensor:
+    r"""The adjoint product :math:`\mathrm{diag}(c)\,(A^T + \mathrm{diag}(d))\,\mathrm{diag}(r)\,G`.
+
+    This is the gradient of ``spmm(adj, x, row_scale, col_scale, diag)`` with respect to ``x`` for
+    an output gradient ``g`` (``[num_dst, F]``), computed without the forward product (the
+    block-adaptive plan of ``A^T``, cached on ``adj``). Arguments as for :func:`spmm`; returns
+    ``[num_src, F]``. Differentiable like :func:`spmm`.
+    """
+    return _product(adj, g, row_scale, col_scale, diag, adjoint=True)
+
+
+def _product(adj, x, row_scale, col_scale, diag, adjoint: bool) -> torch.Tensor:
+    name = "fgplugin.spmm_adjoint" if adjoint else "fgplugin.spmm"
     if not isinstance(adj, TiledAdjacency):
-        raise TypeError(f"fgplugin.spmm expects a TiledAdjacency, got {type(adj).__name__}; build one with "
+        raise TypeError(f"{name} expects a TiledAdjacency, got {type(adj).__name__}; build one with "
                         "TiledAdjacency.from_edge_index(edge_index, num_nodes)")
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.dtype.is_floating_point:
-        raise ValueError(f"fgplugin.spmm: x must be a 2-D floating-point tensor [num_src_nodes, F], got "
+        raise ValueError(f"{name}: x must be a 2-D floating-point tensor [num_nodes, F], got "
                          f"{getattr(x, 'dtype', type(x).__name__)} of shape {list(getattr(x, 'shape', []))}")
     n_rows, n_cols = adj.shape
-    if x.shape[0] != n_cols:
-        raise ValueError(f"fgplugin.spmm: x has {x.shape[0]} rows but the adjacency has {n_cols} source nodes "
-                         f"(shape {adj.shape} = (num_dst, num_src)); pass features of every source node")
+    n_in = n_rows if adjoint else n_cols
+    if x.shape[0] != n_in:
+        side = "target" if adjoint else "source"
+        raise ValueError(f"{name}: x has {x.shape[0]} rows but the adjacency has {n_in} {side} nodes "
+                         f"(shape {adj.shape} = (num_dst, num_src)); pass features of every {side} node")
     if x.device != adj.device:
-        raise ValueError(f"fgplugin.spmm: x is on {x.device} but the adjacency is on {adj.device}; "
+        raise ValueError(f"{name}: x is on {x.device} but the adjacency is on {adj.device}; "
                          f"move it with adj.to({str(x.device)!r})")
     aux = aux_dtype_for(x.dtype)
     n_diag = min(n_rows, n_cols)
@@ -151,15 +169,21 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     col_scale = _as_aux(col_scale, "col_scale", n_cols, aux, x.device)
     diag = _as_aux(diag, "diag", n_diag, aux, x.device)
     t_rowptr = t_col = t_values = None
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, values, row_scale, col_scale, diag)):
+    # The forward product needs the transpose only for a backward pass; the adjoint always does.
+    if adjoint or (torch.is_grad_enabled()
+                   and any(t is not None and t.requires_grad for t in (x, values, row_scale, col_scale, diag))):
         t_rowptr, t_col, _ = adj.transpose()
         t_values = None if values is None else adj.transposed_values(values)
     features, pad = x.shape[1], _vector_pad(x)
     if pad:
         x = torch.nn.functional.pad(x, (0, pad))
     plan, t_plan = kernel_plans(adj, x, t_rowptr is not None)
-    out = torch.ops.fgplugin.spmm.default(adj.rowptr, adj.col, values, x, row_scale, col_scale, diag,
-                                          t_rowptr, t_col, t_values, plan, t_plan)
+    if adjoint:  # the op on A^T, with the forward arrays as its own "transpose" (for its backward)
+        out = torch.ops.fgplugin.spmm.default(t_rowptr, t_col, t_values, x, col_scale, row_scale, diag,
+                                              adj.rowptr, adj.col, values, t_plan, plan)
+    else:
+        out = torch.ops.fgplugin.spmm.default(adj.rowptr, adj.col, values, x, row_scale, col_scale, diag,
+                                              t_rowptr, t_col, t_values, plan, t_plan)
     return out[:, :features].contiguous() if pad else out
 
 

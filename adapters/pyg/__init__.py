@@ -10,16 +10,17 @@ results stay those of PyG. They take the graph as ``edge_index`` (or PyG's ``Edg
     model = fgplugin.pyg.convert(model)   # or: swap the layers of an existing model in place
 
 The adjacency structure of a graph is built once per ``edge_index`` object and cached (see
-_graph.py). ``torch.compile`` traces the layers without graph breaks once the graph's structure
-is known: run one eager forward pass first (or pass a ``TiledAdjacency``); a graph first seen
-inside a compiled region runs the stock PyG code there.
+_graph.py). ``torch.compile`` traces the layers without graph breaks for an ``edge_index`` (the
+structure is built or found when the compiled graph runs: _deferred.py) and for a
+``TiledAdjacency``.
 """
 try:
     import torch_geometric  # noqa: F401
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError("fgplugin.pyg needs PyTorch Geometric; install it with `pip install fgplugin[pyg]`") from err
 
-from .gcn_conv import GCNConv, gcn_scales
+from ._plan import gcn_scales
+from .gcn_conv import GCNConv
 from .lg_conv import LGConv
 from .patching import LAYERS, convert, patch, unpatch
 from .sage_conv import SAGEConv

@@ -9,9 +9,10 @@ counts. An entry dies with its input object, and every layer given the same obje
 may change between calls (edge weights, the values of a sparse ``adj_t``, normalizations) is never
 cached here.
 
-Under ``torch.compile`` a cached graph is read without a graph break; a graph first seen inside a
-compiled region is built eagerly behind one graph break (building needs data-dependent shapes),
-so the compiled model runs fgplugin's kernel either way.
+Under ``torch.compile`` an ``edge_index`` is not looked up while tracing: the layers defer it to
+an opaque op that reads this cache when it runs (_deferred.py). Sparse inputs are looked up; one
+first seen inside a compiled region is built eagerly behind a graph break (building needs
+data-dependent shapes), so the compiled model runs fgplugin's kernel either way.
 """
 from __future__ import annotations
 
@@ -47,17 +48,17 @@ class Graph(NamedTuple):
     loop_nodes: torch.Tensor | None = None
 
 
-def graph_of(source, n_src: int | None, n_dst: int | None, flip: bool = False) -> Graph | None:
+def graph_of(source, n_src: int | None, n_dst: int | None, flip: bool = False, strict: bool = False) -> Graph | None:
     """The :class:`Graph` of ``source``, or ``None`` when fgplugin cannot serve it here (an input
     the stock layer rejects, a reversed flow on a sparse input); the caller then runs the stock
-    code path, errors included.
+    code path, errors included. With ``strict``, an input that fails to build raises its error.
 
     ``n_src`` / ``n_dst`` are the node counts an ``edge_index`` spans (sparse inputs carry theirs);
     ``flip`` reverses an ``edge_index`` (PyG's ``flow="target_to_source"``).
     """
     if isinstance(source, TiledAdjacency):
         return None if flip else Graph(source, "tiled")
-    kind = _kind(source)
+    kind = input_kind(source)
     if kind is None or (flip and kind != "edge_index"):
         return None
     key = (n_src, n_dst, flip) if kind == "edge_index" else ()
@@ -67,11 +68,11 @@ def graph_of(source, n_src: int | None, n_dst: int | None, flip: bool = False) -
         # A graph first seen while compiling is built eagerly behind one graph break; tracing it
         # would need data-dependent shapes, and falling back to the stock code here would bake
         # the stock path into the compiled model for good.
-        return graph if graph is not None else _cached_graph_eagerly(source, kind, key, n_src, n_dst, flip)
-    return _cached_graph(source, kind, key, n_src, n_dst, flip)
+        return graph if graph is not None else _cached_graph_eagerly(source, kind, key, n_src, n_dst, flip, strict)
+    return _cached_graph(source, kind, key, n_src, n_dst, flip, strict)
 
 
-def _cached_graph(source, kind, key, n_src, n_dst, flip):
+def _cached_graph(source, kind, key, n_src, n_dst, flip, strict):
     version = source._version if isinstance(source, torch.Tensor) else 0
     entry = _cache.get(id(source))
     if entry is None or entry[0]() is not source or entry[1] != version:
@@ -82,6 +83,8 @@ def _cached_graph(source, kind, key, n_src, n_dst, flip):
         try:
             graph = _build(source, kind, n_src, n_dst, flip)
         except (ValueError, TypeError, RuntimeError):
+            if strict:
+                raise
             return None  # let the stock layer raise its own error for this input
         entry[2][key] = graph
     return graph
@@ -100,7 +103,9 @@ def values_of(source) -> torch.Tensor | None:
     return None
 
 
-def _kind(source) -> str | None:
+def input_kind(source) -> str | None:
+    """``"edge_index"``, ``"torch.sparse"`` or ``"SparseTensor"`` for a graph input fgplugin can
+    build (``"tiled"`` is checked apart), else ``None``."""
     if isinstance(source, SparseTensor):
         return "SparseTensor"
     if not isinstance(source, torch.Tensor):

@@ -3,17 +3,14 @@ the rules for handing a call to the stock code (hooks, explain mode, TorchScript
 from __future__ import annotations
 
 import copy
-from typing import NamedTuple
 
+import torch
 from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 
-import fgplugin
-from fgplugin import Normalization, TiledAdjacency
-
-from ._graph import Graph, graph_of, values_of
-
-NO_NORM = Normalization(None, None, None)
+from ._deferred import DeferredPlan
+from ._graph import SPARSE_KINDS, graph_of, input_kind, values_of
+from ._plan import NONE, NormSpec, Plan, plan_of
 
 # MessagePassing hooks run inside the stock propagate(); a layer with any of them registered
 # keeps the stock path so that they see their messages.
@@ -25,40 +22,41 @@ _HOOKS = (
 )
 
 
-class Plan(NamedTuple):
-    """A layer's aggregation ``spmm(adj, x, *norm)``: the (weighted) adjacency and its scales."""
+def make_plan(source, edge_weight: Tensor | None, n_src: int, n_dst: int, flip: bool, norm: NormSpec,
+              values_from: tuple[str, ...] = SPARSE_KINDS) -> Plan | DeferredPlan | None:
+    """The plan of a layer's graph input ``source``, or ``None`` where the stock code must run.
 
-    adj: TiledAdjacency
-    norm: Normalization
-
-
-def weighted(graph: Graph, values: Tensor | None) -> TiledAdjacency | None:
-    """``graph``'s adjacency with per-edge ``values`` (in the input's edge order), or ``None``
-    where fgplugin refuses them (e.g. NaN weights), so that the stock layer decides."""
-    if values is None:
-        return graph.adj
-    try:
-        return graph.adj.with_values(values)
-    except (ValueError, TypeError):
+    The edge values are those of a sparse input whose kind is in ``values_from``, else
+    ``edge_weight``. Under ``torch.compile`` an ``edge_index`` gives a :class:`DeferredPlan`
+    (built when the compiled graph runs; see _deferred.py), so tracing never breaks on it, unless
+    its weights require grad: those need the structure while tracing (one graph break the first
+    time a graph is seen, none once it is cached).
+    """
+    if (torch.compiler.is_compiling() and input_kind(source) == "edge_index"
+            and (edge_weight is None or not edge_weight.requires_grad)):
+        return DeferredPlan(source, edge_weight, n_src, n_dst, flip, norm)
+    graph = graph_of(source, n_src, n_dst, flip)
+    if graph is None:
         return None
+    return plan_of(graph, values_of(source) if graph.kind in values_from else edge_weight, norm)
 
 
-def fits(plan: Plan | None, x: Tensor, node_dim: int, n_dst: int | None = None) -> bool:
+def fits(plan: Plan | DeferredPlan | None, x: Tensor, node_dim: int, n_dst: int | None = None) -> bool:
     """Whether ``plan`` can aggregate the nodes of ``x`` into ``n_dst`` nodes (device, node
     counts); where it cannot, the stock layer runs and raises its own error."""
-    if plan is None or x.device != plan.adj.device or x.dim() < 2:
+    if plan is None or x.dim() < 2:
         return False
-    n_rows, n_cols = plan.adj.shape
-    return x.size(node_dim) == n_cols and (n_dst is None or n_rows == n_dst)
+    n_rows, n_cols = plan.shape
+    return x.device == plan.device and x.size(node_dim) == n_cols and (n_dst is None or n_rows == n_dst)
 
 
-def aggregate(plan: Plan, x: Tensor, node_dim: int) -> Tensor:
+def aggregate(plan: Plan | DeferredPlan, x: Tensor, node_dim: int) -> Tensor:
     """``spmm`` over the node dimension ``node_dim`` of ``x`` (PyG's static graphs pass
     ``[batch, nodes, features]``): the other dimensions are folded into the feature columns."""
     if x.dim() == 2 and node_dim in (0, -2):
-        return fgplugin.spmm(plan.adj, x, *plan.norm)
+        return plan.aggregate(x)
     x = x.movedim(node_dim, 0)
-    out = fgplugin.spmm(plan.adj, x.reshape(x.shape[0], -1), *plan.norm)
+    out = plan.aggregate(x.reshape(x.shape[0], -1))
     return out.view(out.shape[0], *x.shape[1:]).movedim(0, node_dim)
 
 
@@ -92,23 +90,18 @@ class FgpluginLayer:
     def _stock_forward(self, *args):
         # The stock code reads its caches as normalized graphs, never as our plans.
         for name in self._plan_caches:
-            if isinstance(getattr(self, name), Plan):
+            if isinstance(getattr(self, name), (Plan, DeferredPlan)):
                 setattr(self, name, None)
         return self._stock.forward(self, *args)
 
-    def _adopt_stock_cache(self, name: str, n: int) -> Plan | None:
+    def _adopt_stock_cache(self, name: str, n: int) -> Plan | DeferredPlan | None:
         """A plan for a normalized graph the stock code cached in attribute ``name`` (before a
         ``convert()``, or on a stock-path call), so the layer goes on with our kernel."""
         cache = getattr(self, name)
         source, values = (cache[0], cache[1]) if isinstance(cache, tuple) else (cache, None)
-        graph = graph_of(source, n, n, flip=self.flow == "target_to_source")
-        if graph is None:
-            return None
-        adj = weighted(graph, values if values is not None else values_of(source))
-        if adj is None:
-            return None
-        plan = Plan(adj, NO_NORM)
-        setattr(self, name, plan)
+        plan = make_plan(source, values, n, n, self.flow == "target_to_source", NONE)
+        if plan is not None:
+            setattr(self, name, plan)
         return plan
 
     def __prepare_scriptable__(self):
@@ -118,7 +111,7 @@ class FgpluginLayer:
         twin.__class__ = self._stock
         twin.__dict__.pop("propagate", None)  # PyG's decomposed_layers binds it to `self`
         for name in self._plan_caches:
-            if isinstance(getattr(twin, name), Plan):
+            if isinstance(getattr(twin, name), (Plan, DeferredPlan)):
                 setattr(twin, name, None)
         twin._set_jittable_templates()
         return twin

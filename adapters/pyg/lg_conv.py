@@ -5,8 +5,9 @@ from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor
 
-from ._graph import SPARSE_KINDS, graph_of, values_of
-from ._layer import NO_NORM, FgpluginLayer, Plan, aggregate, weighted
+from ._deferred import DeferredPlan
+from ._layer import FgpluginLayer, aggregate, make_plan
+from ._plan import NONE, NormSpec, Plan
 
 
 class LGConv(FgpluginLayer, pyg_conv.LGConv):
@@ -28,11 +29,6 @@ class LGConv(FgpluginLayer, pyg_conv.LGConv):
             return self._stock_forward(x, edge_index, edge_weight)
         return aggregate(plan, x, self.node_dim)
 
-    def _plan(self, n: int, edge_index, edge_weight) -> Plan | None:
-        graph = graph_of(edge_index, n, n, flip=self.flow == "target_to_source")
-        if graph is None:
-            return None
-        adj = weighted(graph, values_of(edge_index) if graph.kind in SPARSE_KINDS else edge_weight)
-        if adj is None:
-            return None
-        return Plan(adj, adj.norm("gcn", add_self_loops=False) if self.normalize else NO_NORM)
+    def _plan(self, n: int, edge_index, edge_weight) -> Plan | DeferredPlan | None:
+        norm = NormSpec("gcn", add_self_loops=False) if self.normalize else NONE
+        return make_plan(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm)

@@ -7,8 +7,9 @@ from torch_geometric import EdgeIndex
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptPairTensor, Size
 
-from ._graph import graph_of, values_of
-from ._layer import FgpluginLayer, Plan, aggregate, fits, weighted
+from ._deferred import DeferredPlan
+from ._layer import FgpluginLayer, aggregate, fits, make_plan
+from ._plan import MEAN, Plan
 
 
 class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
@@ -55,15 +56,12 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
             n_dst = size[1]
         return n_src if n_dst is None else n_dst
 
-    def _plan(self, pair, edge_index, size: Size) -> Plan | None:
+    def _plan(self, pair, edge_index, size: Size) -> Plan | DeferredPlan | None:
         n_src, n_dst = pair[0].size(self.node_dim), self._num_dst(pair, size)
         if n_dst is None:
             return None
         if isinstance(edge_index, EdgeIndex) and edge_index.sparse_size() not in ((None, None), (n_src, n_dst)):
             return None
-        graph = graph_of(edge_index, n_src, n_dst, flip=self.flow == "target_to_source")
-        if graph is None:
-            return None
         # The stock mean ignores a SparseTensor's values but weighs torch.sparse messages.
-        adj = weighted(graph, values_of(edge_index) if graph.kind == "torch.sparse" else None)
-        return None if adj is None else Plan(adj, adj.norm("mean"))
+        return make_plan(edge_index, None, n_src, n_dst, self.flow == "target_to_source", MEAN,
+                         values_from=("torch.sparse",))

@@ -5,9 +5,9 @@ from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor
 
-from ._graph import SPARSE_KINDS, graph_of, values_of
-from ._layer import FgpluginLayer, Plan, aggregate, weighted
-from .gcn_conv import gcn_scales
+from ._deferred import DeferredPlan
+from ._layer import FgpluginLayer, aggregate, make_plan
+from ._plan import NormSpec, Plan
 
 
 class SGConv(FgpluginLayer, pyg_conv.SGConv):
@@ -36,10 +36,6 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
                 self._cached_x = x
         return self.lin(x)
 
-    def _plan(self, n: int, edge_index, edge_weight) -> Plan | None:
-        graph = graph_of(edge_index, n, n, flip=self.flow == "target_to_source")
-        if graph is None:
-            return None
-        values = values_of(edge_index) if graph.kind in SPARSE_KINDS else edge_weight
-        adj = weighted(graph, values)
-        return None if adj is None else Plan(adj, gcn_scales(graph, adj, values, False, self.add_self_loops))
+    def _plan(self, n: int, edge_index, edge_weight) -> Plan | DeferredPlan | None:
+        norm = NormSpec("gcn", False, self.add_self_loops)
+        return make_plan(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm)

@@ -1,0 +1,140 @@
+"""A layer's eager plan: its graph's adjacency (weighted) and the scales of its normalization.
+
+``plan_of(graph, values, norm)`` is what every drop-in layer aggregates with, both on the eager
+path and inside the ``torch.compile`` op of _deferred.py, so the two cannot drift apart.
+``gcn_scales`` is PyG's ``gcn_norm`` expressed as row/column scales and a diagonal term.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from torch_geometric.nn import conv as pyg_conv
+
+import fgplugin
+from fgplugin import Normalization, TiledAdjacency
+
+from ._graph import Graph
+
+NO_NORM = Normalization(None, None, None)
+
+
+class NormSpec(NamedTuple):
+    """Which normalization a layer applies: ``kind`` is ``"none"``, ``"gcn"`` (PyG's
+    ``gcn_norm`` with ``improved`` / ``add_self_loops``) or ``"mean"`` (neighbourhood mean)."""
+
+    kind: str
+    improved: bool = False
+    add_self_loops: bool = True
+
+
+NONE = NormSpec("none")
+MEAN = NormSpec("mean")
+
+
+class Plan(NamedTuple):
+    """A layer's aggregation ``spmm(adj, x, *norm)``: the (weighted) adjacency and its scales."""
+
+    adj: TiledAdjacency
+    norm: Normalization
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.adj.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.adj.device
+
+    def aggregate(self, x: Tensor) -> Tensor:
+        """The aggregation of 2-D ``x`` ``[n_src, F]`` -> ``[n_dst, F]``."""
+        return fgplugin.spmm(self.adj, x, *self.norm)
+
+
+def weighted(graph: Graph, values: Tensor | None) -> TiledAdjacency | None:
+    """``graph``'s adjacency with per-edge ``values`` (in the input's edge order), or ``None``
+    where fgplugin refuses them (e.g. NaN weights), so that the stock layer decides."""
+    if values is None:
+        return graph.adj
+    try:
+        return graph.adj.with_values(values)
+    except (ValueError, TypeError):
+        return None
+
+
+def plan_of(graph: Graph, values: Tensor | None, norm: NormSpec) -> Plan | None:
+    """The plan of ``graph`` with edge ``values`` (input edge order) under ``norm``; ``None``
+    where fgplugin refuses the values."""
+    adj = weighted(graph, values)
+    if adj is None:
+        return None
+    if norm.kind == "gcn":
+        return Plan(adj, gcn_scales(graph, adj, values, norm.improved, norm.add_self_loops))
+    if norm.kind == "mean":
+        return Plan(adj, adj.norm("mean"))
+    if norm.kind == "none":
+        return Plan(adj, NO_NORM)
+    raise ValueError(f"unknown normalization {norm.kind!r}; expected 'none', 'gcn' or 'mean'")
+
+
+def gcn_scales(graph: Graph, adj: TiledAdjacency, values: Tensor | None, improved: bool = False,
+               add_self_loops: bool = True) -> Normalization:
+    r"""PyG's ``gcn_norm`` of ``graph`` as ``(row_scale, col_scale, diag)`` for ``fgplugin.spmm``.
+
+    ``adj`` is ``graph.adj`` carrying ``values`` (given in the input's edge order). The stock
+    ``gcn_norm`` treats a node's existing self loops differently for each input kind, and so does
+    this function (``fill`` = 2 if ``improved`` else 1):
+
+    - ``edge_index`` (``add_remaining_self_loops``): with weights, a node keeps the weight of its
+      (last) self loop and other loops are dropped; without weights every node gets one loop of the
+      weight the installed PyG gives unweighted graphs (see :func:`_probe_unweighted_fill`);
+    - ``SparseTensor`` (``fill_diag``): every node's diagonal becomes ``fill``;
+    - ``torch.sparse`` (``add_self_loops``): ``fill`` is added to every node's diagonal;
+    - ``TiledAdjacency``: fgplugin's own ``"gcn"`` normalization (existing loops kept, ``fill``
+      added where there is none).
+
+    The diagonal term ``d`` turns A's own loop entries into that (``d = kept - loops``).
+    Differentiable in ``values``, with the gradients of the stock code.
+    """
+    if not add_self_loops:
+        return adj.norm("gcn", add_self_loops=False)
+    fill = 2.0 if improved else 1.0
+    if graph.kind == "edge_index" and values is None:
+        fill = _UNWEIGHTED_FILL[improved]
+    if graph.kind == "tiled" or graph.loops.numel() == 0:
+        return adj.norm("gcn", improved=fill == 2.0)
+    n = adj.shape[0]
+    dtype = torch.float32 if values is None else values.dtype
+    loop_values = torch.ones_like(graph.loops, dtype=dtype) if values is None else values[graph.loops]
+    loops = torch.zeros(n, dtype=dtype, device=adj.device).index_add_(0, graph.loop_nodes, loop_values)
+    if graph.kind == "torch.sparse":
+        diag = torch.full((n,), fill, dtype=dtype, device=adj.device)
+    elif graph.kind == "edge_index" and values is not None:
+        last = torch.full((n,), -1, dtype=torch.long, device=adj.device)
+        last = last.scatter_reduce(0, graph.loop_nodes, graph.loops, "amax")
+        # Detached like PyG's index_put: every loop of a node gets the gradient of the kept one.
+        diag = torch.where(last >= 0, (values[last.clamp(min=0)] - loops).detach(), fill)
+    else:
+        diag = fill - loops
+    deg = adj.in_degree(weighted=True) + diag
+    inv_sqrt = deg.rsqrt()
+    inv_sqrt = inv_sqrt.masked_fill(inv_sqrt == float("inf"), 0.0)  # as PyG
+    return Normalization(inv_sqrt, inv_sqrt, diag)
+
+
+def _probe_unweighted_fill(improved: bool) -> float:
+    """The self-loop weight the installed PyG's ``gcn_norm`` gives an unweighted ``edge_index``.
+
+    PyG 2.8 adds those loops before it fills in unit weights, so ``improved`` changes nothing
+    there (it does for weighted graphs); probing keeps fgplugin equal to whichever behaviour the
+    installed release has. Two nodes, edge 0 -> 1: node 1's normalized loop weight is
+    ``f / (1 + f)``, solved for ``f``.
+    """
+    _, weight = pyg_conv.gcn_conv.gcn_norm(torch.tensor([[0], [1]]), None, 2, improved, True)
+    w = float(weight[-1])
+    return round(w / (1.0 - w), 3)
+
+
+# Probed once at import: torch.compile must not trace the probe.
+_UNWEIGHTED_FILL = {improved: _probe_unweighted_fill(improved) for improved in (False, True)}
