@@ -182,25 +182,6 @@ def test_fresh_random_graphs(fresh_seed, mode, F):
 
 
 @requires_kernel
-@pytest.mark.parametrize("mode", ["fp32", "tf32"])
-@pytest.mark.parametrize("ffma_max", ["0", "1024", "40"], ids=["all-mma", "all-ffma", "mixed"])
-def test_fp32_dense_tiles_on_ffma_and_mma(fresh_seed, mode, ffma_max, monkeypatch):
-    """fp32 dense tiles run on FFMA up to FGPLUGIN_DENSE_FFMA_MAX non-zeros, else on MMAs: every
-    tile on either path (and a mix) meets the tolerance, weighted or not, with scales and diag."""
-    monkeypatch.setenv("FGPLUGIN_DENSE_FFMA_MAX", ffma_max)
-    for k in range(3):
-        case = clustered_case(fresh_seed + k, weighted=k == 1, max_hub_edges=900)
-        adj = _adj(case).to("cuda")
-        for threshold in (0.0, 0.02, 0.10):
-            plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold, weighted=case.edge_weight is not None)
-            for F in (7, 64, 130):
-                x, rs, cs, d = _inputs(case, F, torch.float32, fresh_seed + F)
-                with precision(mode):
-                    out = _run(adj, plan, x, rs, cs, d)
-                _check(case, out, x, rs, cs, d, TOL[mode], f"ffma_max={ffma_max} {mode} k={k} thr={threshold} F={F}")
-
-
-@requires_kernel
 def test_deterministic():
     case = clustered_case(5, n_src=3000, weighted=True, max_hub_edges=900)
     adj = _adj(case).to("cuda")

@@ -13,13 +13,6 @@
 //        weights since A is exact; 3 with weights: a_hi b_hi + a_hi b_lo + a_lo b_hi).
 //      fp32 with TF32 allowed by PyTorch: 1 MMA (A and X rounded to TF32).
 //      bf16 / fp16: FC = 128, m16n8k16 with B fragments by ldmatrix.trans, fp32 accumulation.
-//    fp32 tiles are hybrid: an MMA tile costs the same whatever its density, but most dense tiles
-//    of real graphs hold only 5-30% non-zeros, so a tile with <= ffma_max of them (counted once it
-//    has landed, the same in every warp; FGPLUGIN_DENSE_FFMA_MAX, default 160, 0 = never, 1024 =
-//    always) walks its bitmap with exact fp32 FFMAs instead, in both modes: thread (warp, g, t4)
-//    runs over the set columns k of its rows g + 8q and adds (a_rk * c_k) * X[k, its columns] (the
-//    sparse kernel's products) into the accumulator entries the MMA would, so the two kinds mix in
-//    one panel and share the epilogue.
 //    It writes the panel's raw dense partial (no scales) into out (in x's dtype).
 // 2. ba_sparse_kernel: one warp per work item (a chunk of <= `chunk` remainder entries of one row;
 //    hub rows are split into several items). The warp is cut into 32/L groups of L lanes; lane
@@ -36,14 +29,12 @@
 //
 // Limits: tile size 32 only (kernel_plan.py maps other tile sizes onto 32x32 bitmaps); x float,
 // half or bfloat16 (float64 stays on the plain CSR kernel); F < 65536 * 64; non-finite values in x
-// spread to every row of an MMA tile whose column panel holds them (0 * inf in the MMA).
+// spread to every row of a dense tile whose column panel holds them (0 * inf in the MMA).
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "block_adaptive_spmm.cuh"
@@ -54,7 +45,6 @@ namespace {
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kStages = 3;
 constexpr int kSparseWarps = 8;
-constexpr int kDefaultFfmaMax = 160;  // fp32 dense tiles with at most this many non-zeros use FFMA
 
 // ------------------------------------------------------------------ small device helpers
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -232,36 +222,7 @@ struct DenseParams {
   scalar_t* out;
   int64_t n_rows, n_cols, F;
   bool vec;
-  int ffma_max;  // fp32 only: tiles with <= ffma_max non-zeros take the FFMA path
 };
-
-// One fp32 tile on the FMA pipes, into the MMA accumulator layout: row g + 8q of the tile is
-// acc[q >> 1][n][(q & 1) * 2 + {0, 1}] at columns n * 8 + {0, 1} from X, which points at the
-// thread's first column (warp * WN + 2 * t4) of the stage's X; cs and AV are the stage's column
-// scales and edge values. Bits run in ascending column order, as in the CSR remainder.
-// Shared memory: the 4 lanes of a group g share k and read 32 contiguous bytes (one bank octet);
-// groups of one half-warp with different k but equal k % 4 hit the same octet (XSTRIDE % 32 == 8):
-// a data-dependent 1- to 4-way conflict that no padding removes, as there are only 4 octets.
-template <bool WEIGHTED, int NT, int XS, int AS>
-__device__ __forceinline__ void ffma_tile(float (&acc)[2][NT][4], const float* X, const float* cs, const float* AV,
-                                          const uint32_t (&bm)[4], int g) {
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int m = q >> 1, h = (q & 1) * 2;
-    for (uint32_t w = bm[q]; w != 0u; w &= w - 1u) {
-      const int k = __ffs(static_cast<int>(w)) - 1;
-      float wk = cs[k];
-      if constexpr (WEIGHTED) wk = AV[(g + 8 * q) * AS + k] * wk;
-      const float* xk = X + k * XS;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const float2 v = *reinterpret_cast<const float2*>(xk + n * 8);
-        acc[m][n][h] = fmaf(wk, v.x, acc[m][n][h]);
-        acc[m][n][h + 1] = fmaf(wk, v.y, acc[m][n][h + 1]);
-      }
-    }
-  }
-}
 
 // MODE 0: one TF32 MMA (TF32 allowed) / native 16-bit MMA; MODE 1: fp32-accurate TF32 split.
 template <typename scalar_t, bool WEIGHTED, int MODE>
@@ -352,11 +313,6 @@ __global__ void __launch_bounds__(128) ba_dense_kernel(const DenseParams<scalar_
     const float* AV = avs[WEIGHTED ? s : 0];
 
     if constexpr (Cfg::kFp32) {
-      const unsigned tile_nnz = __reduce_add_sync(kFull, static_cast<unsigned>(__popc(bms[s][lane])));
-      if (static_cast<int>(tile_nnz) <= p.ffma_max) {  // cheaper than the fixed-cost MMA tile below
-        ffma_tile<WEIGHTED, NT, XS, AS>(acc, X + warp * WN + 2 * t4, csm[s], AV, bm, g);
-        continue;
-      }
       constexpr uint32_t kOne = 0x3f800000u;
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -616,17 +572,6 @@ __global__ void __launch_bounds__(kSparseWarps * 32)
 }
 
 // ------------------------------------------------------------------ host side
-// The fp32 dense crossover; FGPLUGIN_DENSE_FFMA_MAX (an integer, clamped to [0, 1024]) overrides it
-// for measurement sweeps and tests. Read per launch (a getenv is far cheaper than a launch), so a
-// process can sweep it.
-int dense_ffma_max() {
-  const char* s = std::getenv("FGPLUGIN_DENSE_FFMA_MAX");
-  if (s == nullptr || *s == '\0') return kDefaultFfmaMax;
-  char* end = nullptr;
-  const long n = std::strtol(s, &end, 10);
-  return *end == '\0' ? static_cast<int>(std::clamp(n, 0L, 1024L)) : kDefaultFfmaMax;
-}
-
 template <typename T>
 const T* ptr_or_null(const at::Tensor& t) {
   return t.numel() ? t.data_ptr<T>() : nullptr;
@@ -675,8 +620,7 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
                              n_rows,
                              n_cols,
                              F,
-                             vec,
-                             dense_ffma_max()};
+                             vec};
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (weighted) {
         tf32 ? launch_dense<float, true, 0>(dp, n_work, stream) : launch_dense<float, true, 1>(dp, n_work, stream);

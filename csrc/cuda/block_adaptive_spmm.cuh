@@ -1,5 +1,4 @@
-// Block-adaptive SpMM (issue 3): dense 32x32 tiles on tensor cores (the sparser fp32 ones on FFMA)
-// + row-balanced CSR remainder.
+// Block-adaptive SpMM (issue 3): dense 32x32 tiles on tensor cores + row-balanced CSR remainder.
 //
 // The plan is a list of tensors built by fgplugin/kernel_plan.py (the format is private between
 // the two files; kPlanVersion must match kernel_plan.PLAN_VERSION). All tensors live on the device
