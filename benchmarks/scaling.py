@@ -16,9 +16,13 @@ Algorithm 2 with one part per row block, node ids kept in their block):
 
 - ``ms_median/min/max``: training epoch (forward, backward, gradient all-reduce, Adam), CUDA
   events on each rank, median of ``--epochs`` after warm-up, slowest rank;
-- ``spmm_ms``: SpMM kernel time per epoch (the slowest rank), ``comm_ms``: *exposed*
-  communication (time the rank's stream waited for a transfer; hidden transfers cost nothing),
-  ``compute_ms`` = epoch - comm; ``imbalance`` = max / mean over ranks of the SpMM time;
+- ``spmm_ms``: SpMM time per epoch (the slowest rank; ``spmm_local_ms``: the own block's
+  products, which overlap the transfers, ``spmm_remote_ms``: the other blocks'), ``pack_ms``:
+  gathering rows into send buffers and adding received ones in, ``comm_ms``: *exposed*
+  communication (time the rank's stream waited for a transfer or an all-reduce, the gradient
+  all-reduce included; hidden transfers cost nothing), ``compute_ms`` = epoch - comm;
+  ``imbalance`` = max / mean over ranks of the SpMM time; ``symmetric``: the backward ran the
+  forward product (symmetric normalized adjacency) instead of the transposed blocks;
 - ``peak_mem_bytes``: largest per-rank peak of the run itself (shard, activations, buffers;
   the generated whole graph each worker keeps for the next configuration is subtracted);
 - ``recv_bytes``: feature bytes received per epoch by the busiest rank.
@@ -81,6 +85,8 @@ def _forward_args(args) -> list[str]:
            "--epochs", str(args.epochs), "--warmup", str(args.warmup), "--seed", str(args.seed)]
     if args.quick:
         out.append("--quick")
+    if args.kernels:
+        out.append("--kernels")
     if args.backend:
         out += ["--backend", args.backend]
     return out
@@ -100,7 +106,7 @@ def _header(args) -> dict:
 
 
 def _table(rows) -> str:
-    head = ("graph", "gpus", "scheme", "r", "impl", "order", "ms", "spmm", "comm", "imbal", "peak GB", "recv MB")
+    head = ("graph", "gpus", "scheme", "r", "impl", "order", "ms", "spmm", "pack", "comm", "imbal", "peak GB", "recv MB")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
     for r in rows:
@@ -109,7 +115,8 @@ def _table(rows) -> str:
                          f"| {r.get('impl', '-')} | {r.get('order', '-')} | error: {str(r.get('error'))[:60]} |")
             continue
         lines.append(f"| {r['graph']} | {r['gpus']} | {r['scheme']} | {r['replication']} | {r['impl']} | {r['order']} "
-                     f"| {f(r['ms_median'])} | {f(r.get('spmm_ms'))} | {f(r.get('comm_ms'))} | {f(r.get('imbalance'), 3)} "
+                     f"| {f(r['ms_median'])} | {f(r.get('spmm_ms'))} | {f(r.get('pack_ms'))} | {f(r.get('comm_ms'))} "
+                     f"| {f(r.get('imbalance'), 3)} "
                      f"| {f(r['peak_mem_bytes'] / 1e9 if r.get('peak_mem_bytes') is not None else None)} "
                      f"| {f(r['recv_bytes'] / 1e6 if r.get('recv_bytes') is not None else None, 1)} |")
     return "\n".join(lines)
@@ -119,8 +126,6 @@ def _table(rows) -> str:
 def worker(args) -> int:
     import torch
     import torch.distributed as dist
-
-    import torch
 
     from fgplugin.distributed import ShardingContext, init_distributed
 
@@ -308,23 +313,28 @@ def _run_config(data, perm, label, ctx, args, device) -> dict:
             graph.profiler.reset()
             trainer.step(metrics=False)
             tot = graph.profiler.totals()
-            split.append((tot.get("spmm", 0.0), tot.get("comm", 0.0), graph.profiler.bytes_received))
+            split.append([tot.get(kind, 0.0) for kind in _KINDS] + [graph.profiler.bytes_received])
         graph.profiler = None
-        spmm_ms = statistics.median(s[0] for s in split)
-        comm_ms = statistics.median(s[1] for s in split)
+        if args.kernels:
+            _kernel_table(trainer, row, device)
         row["loss"] = trainer.step()["loss"]
-        per_rank = _gather([statistics.median(times), min(times), max(times), spmm_ms, comm_ms, float(peak),
-                            float(split[-1][2])], device)
+        kinds = [statistics.median(s[i] for s in split) for i in range(len(_KINDS))]
+        per_rank = _gather([statistics.median(times), min(times), max(times), *kinds, float(peak),
+                            float(split[-1][-1])], device)
         epoch = [r[0] for r in per_rank]
-        spmm = [r[3] for r in per_rank]
+        by_kind = {kind: [r[3 + i] for r in per_rank] for i, kind in enumerate(_KINDS)}
+        spmm = [a + b for a, b in zip(by_kind["spmm_local"], by_kind["spmm_remote"])]
+        comm = by_kind["comm"]
+        peaks, received = [int(r[-2]) for r in per_rank], [int(r[-1]) for r in per_rank]
         row |= {
             "ms_median": max(epoch), "ms_min": max(r[1] for r in per_rank), "ms_max": max(r[2] for r in per_rank),
-            "spmm_ms": max(spmm), "comm_ms": max(r[4] for r in per_rank),
-            "compute_ms": max(r[0] - r[4] for r in per_rank),
+            "spmm_ms": max(spmm), "spmm_local_ms": max(by_kind["spmm_local"]),
+            "spmm_remote_ms": max(by_kind["spmm_remote"]), "pack_ms": max(by_kind["pack"]), "comm_ms": max(comm),
+            "compute_ms": max(e - c for e, c in zip(epoch, comm)),
             "imbalance": max(spmm) / (sum(spmm) / len(spmm)) if sum(spmm) else None,
-            "peak_mem_bytes": int(max(r[5] for r in per_rank)), "recv_bytes": int(max(r[6] for r in per_rank)),
-            "per_rank": {"epoch_ms": epoch, "spmm_ms": spmm, "comm_ms": [r[4] for r in per_rank],
-                         "peak_mem_bytes": [int(r[5]) for r in per_rank], "recv_bytes": [int(r[6]) for r in per_rank]},
+            "symmetric": graph.symmetric, "peak_mem_bytes": max(peaks), "recv_bytes": max(received),
+            "per_rank": {"epoch_ms": epoch, "spmm_ms": spmm, **{f"{k}_ms": v for k, v in by_kind.items()},
+                         "peak_mem_bytes": peaks, "recv_bytes": received},
         }
     except Exception as err:  # noqa: BLE001 -- an OOM on every rank alike: record it and go on
         row |= {"ms_median": None, "error": _short(err)}
@@ -383,6 +393,32 @@ def _run_single(data, perm, label, args, device) -> dict:
         traceback.print_exc()
     _empty_cache(device)
     return row
+
+
+_KINDS = ("spmm_local", "spmm_remote", "pack", "comm")  # ShardedGraph.region kinds
+
+
+def _kernel_table(trainer, row, device, steps: int = 3) -> None:
+    """Rank 0 prints its GPU time per kernel per epoch (torch.profiler over ``steps`` epochs; every
+    rank runs them, so the collectives stay matched). Diagnostic: nothing goes into the results."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            trainer.step(metrics=False)
+        _sync(device)
+    if dist.get_rank() != 0:
+        return
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    total = sum(getattr(e, key) for e in events) / steps / 1e3
+    print(f"--- rank 0 kernels, {row['graph']} {row['gpus']}x {row['scheme']} {row['impl']} {row['order']}: "
+          f"{total:.2f} ms of {device.type} time per epoch (NCCL kernels run beside compute)", flush=True)
+    for e in events[:30]:
+        print(f"{getattr(e, key) / steps / 1e3:9.3f} ms {e.count // steps:5d}x  {e.key[:100]}", flush=True)
 
 
 def _time_epochs(trainer, args, device) -> list[float]:
@@ -465,7 +501,8 @@ def _print_row(r):
               f"{r.get('order', '-'):>22}  error: {r.get('error')}", flush=True)
         return
     print(f"{r['graph']:>14} {r['gpus']}x {r['scheme']:>6} {r['impl']:>22} {r['order']:>22}  "
-          f"{r['ms_median']:8.2f} ms  spmm {r.get('spmm_ms') or 0:7.2f}  comm {r.get('comm_ms') or 0:7.2f}  "
+          f"{r['ms_median']:8.2f} ms  spmm {r.get('spmm_ms') or 0:7.2f} (local {r.get('spmm_local_ms') or 0:.2f})  "
+          f"pack {r.get('pack_ms') or 0:5.2f}  comm {r.get('comm_ms') or 0:7.2f}  "
           f"imbal {r.get('imbalance') or 0:5.3f}  peak {r['peak_mem_bytes'] / 1e9:6.2f} GB  loss {r.get('loss', 0):.3f}",
           flush=True)
 
@@ -486,6 +523,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="the 'small' preset instead of each graph, 5 epochs")
     ap.add_argument("--backend", default=None, help="nccl (default on GPUs) or gloo (CPU smoke run)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="print rank 0's GPU time per kernel for each distributed configuration (torch.profiler)")
     ap.add_argument("--out", default=None, help="output folder (default $OUT)")
     ap.add_argument("--launch-timeout", type=int, default=420, help="seconds per torchrun job")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

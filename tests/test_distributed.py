@@ -152,25 +152,30 @@ def _dense_reference(ei, n, norm):
 
 
 def _spmm_cases(configs):
-    """Forward and input gradient of dist_spmm against a dense float64 reference."""
+    """Forward and input gradient of dist_spmm against a dense float64 reference, on the directed
+    odd graph (transposed backward) and on it made symmetric (the backward is the forward product
+    where the row and column scales agree); with whether the graph took the symmetric path."""
     ei, n = _odd_graph()
+    graphs = {"directed": ei, "symmetric": torch.cat([ei, ei.flip(0)], dim=1)}
     gen = torch.Generator().manual_seed(4)
     h, weight = torch.randn(n, 5, generator=gen, dtype=DTYPE), torch.randn(n, 5, generator=gen, dtype=DTYPE)
     errors = {}
-    for replication, comm, perm_kind in configs:
-        for norm in ("gcn", "mean", "both", "none"):
-            ctx = ShardingContext(replication, comm=comm)
-            graph = ShardedGraph.from_edge_index(ctx, ei, n, perm=_perm(n, perm_kind), norm=norm)
-            a = _dense_reference(ei, n, norm)
-            h_local = graph.rows(h).requires_grad_()
-            out = dist_spmm(graph, h_local)
-            (out * graph.rows(weight)).sum().div(replication).backward()
-            grad = h_local.grad.clone()
-            if ctx.row_group is not None:  # replicas hold partial gradients
-                dist.all_reduce(grad, group=ctx.row_group)
-            ids = graph.global_ids()
-            errors[(replication, comm, perm_kind, norm)] = (
-                relative_error(out.detach(), (a @ h)[ids]), relative_error(grad, (a.t() @ weight)[ids]))
+    for kind, edges in graphs.items():
+        for replication, comm, perm_kind in configs:
+            for norm in ("gcn", "mean", "both", "none"):
+                ctx = ShardingContext(replication, comm=comm)
+                graph = ShardedGraph.from_edge_index(ctx, edges, n, perm=_perm(n, perm_kind), norm=norm)
+                a = _dense_reference(edges, n, norm)
+                h_local = graph.rows(h).requires_grad_()
+                out = dist_spmm(graph, h_local)
+                (out * graph.rows(weight)).sum().div(replication).backward()
+                grad = h_local.grad.clone()
+                if ctx.row_group is not None:  # replicas hold partial gradients
+                    dist.all_reduce(grad, group=ctx.row_group)
+                ids = graph.global_ids()
+                errors[(kind, replication, comm, perm_kind, norm)] = (
+                    relative_error(out.detach(), (a @ h)[ids]), relative_error(grad, (a.t() @ weight)[ids]),
+                    graph.symmetric)
     return errors
 
 
@@ -245,9 +250,11 @@ def four_ranks(cora_path, tmp_path_factory):
 
 def test_dist_spmm_matches_dense_reference(four_ranks):
     for rank, (errors, _) in four_ranks.items():
-        for key, (fwd, bwd) in errors.items():
+        for key, (fwd, bwd, symmetric) in errors.items():
             # The scales are float32 (as fgplugin's own normalization): float32 rounding, not float64.
             assert fwd < 1e-6 and bwd < 1e-6, f"rank {rank} {key}: forward {fwd:.1e}, input gradient {bwd:.1e}"
+            # "mean" scales rows only, so even a symmetric graph's normalized matrix is not symmetric.
+            assert symmetric == (key[0] == "symmetric" and key[-1] != "mean"), (rank, key, symmetric)
 
 
 def test_four_ranks_1d_and_15d_match_single_process(four_ranks, reference):

@@ -1,8 +1,10 @@
-"""Optional timing of the distributed SpMM: SpMM compute and *exposed* communication per rank.
+"""Optional timing of a distributed epoch per rank: block products, packing and *exposed* communication.
 
-Exposed communication is the time this rank's stream stood still waiting for a transfer (on CUDA:
-between an event recorded just before ``work.wait()`` and one just after it, so transfers hidden
-behind compute cost nothing). Off by default; a graph with ``profiler=None`` records nothing.
+The kinds are those of :meth:`ShardedGraph.region <fgplugin.distributed.ShardedGraph.region>`.
+Exposed communication is the time this rank's stream stood still waiting for a transfer or an
+all-reduce (on CUDA: between an event recorded just before ``work.wait()`` and one just after it,
+so transfers hidden behind compute cost nothing); waiting for a slower rank counts there too.
+Off by default; a graph with ``profiler=None`` records nothing.
 """
 from __future__ import annotations
 

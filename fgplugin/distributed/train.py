@@ -122,7 +122,8 @@ class DistributedTrainer:
             logits = out[idx]
             loss_sum = F.cross_entropy(logits, self.y[idx], reduction="sum")
             (loss_sum / (self.counts["train"] * self.r)).backward()
-            self._allreduce_grads()
+            with self.graph.region("comm"):  # it waits for the slowest rank: exposed communication
+                self._allreduce_grads()
             self.optimizer.step()
             self.epoch += 1
             if not metrics:
