@@ -108,7 +108,6 @@ class ShardedGraph:
         self.symmetric = bool(symmetric)
         self.fingerprint = fingerprint
         self.profiler = None
-        self._side_stream = None  # CUDA stream that packs and posts the sparse exchange
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -369,7 +368,7 @@ class ShardedGraph:
             # them, then one product over all received rows.
             recv_all = None if self.remote is None else torch.empty(self.remote.adj.shape[1], f, dtype=wire,
                                                                      device=h.device)
-            works = self._post_rows(h, recv_all)
+            works = self._exchange(recv_all, dist.irecv, self._pack(h, self.send_rows), dist.isend)
             if g in self.blocks:
                 out = self._block_mm(self.blocks[g], h, out)
             self._wait(works)
@@ -378,21 +377,6 @@ class ShardedGraph:
         if out is None:  # every block this rank multiplies is empty
             out = torch.zeros(self.num_rows, f, dtype=h.dtype, device=h.device)
         return out
-
-    def _post_rows(self, h: torch.Tensor, recv_all: torch.Tensor | None) -> list:
-        """Packs the rows of ``h`` the other ranks read and posts the sparse exchange (receiving
-        into ``recv_all``). On CUDA this runs on a side stream, so that the gather overlaps the own
-        block's product: on the main stream the gathers took 4.1 ms of a 16.8 ms epoch (products-
-        like, 4 H200s: each rank sends 2.8x its own rows). The main stream waits for the side
-        stream through the transfers' works (NCCL waits for the side stream when posting), and
-        ``h`` stays alive until then (the caller holds it)."""
-        if h.device.type != "cuda":
-            return self._exchange(recv_all, dist.irecv, self._pack(h, self.send_rows), dist.isend)
-        if self._side_stream is None:
-            self._side_stream = torch.cuda.Stream(h.device)
-        self._side_stream.wait_stream(torch.cuda.current_stream(h.device))
-        with torch.cuda.stream(self._side_stream):
-            return self._exchange(recv_all, dist.irecv, self._pack(h, self.send_rows), dist.isend)
 
     def _exchange(self, remote, remote_op, peer, peer_op) -> list:
         """Posts the sparse exchange in one group: slice ``recv_slices[j]`` of ``remote`` (the
