@@ -252,6 +252,28 @@ def test_structure_is_cached_on_the_graph_index(monkeypatch):
     assert rel_err(conv(graph, feat), stock(graph, feat)) < TOL and len(builds) == 2
 
 
+def test_torch_compile():
+    """A graph first seen inside torch.compile is built behind a graph break (DGL's graph API is its
+    C library), the compiled layer runs fgplugin's kernel with stock results, and once the graph is
+    known the layer compiles with fullgraph=True (stock DGL's GraphConv breaks on every call)."""
+    from torch._dynamo.testing import CompileCounter
+
+    for name, options in (("GraphConv", {}), ("SAGEConv", {"aggregator_type": "mean"}), ("SGConv", {"k": 2})):
+        torch._dynamo.reset()
+        graph = graph_case("homo-loops")
+        feat = torch.randn(graph.num_nodes(), 5)
+        conv, stock = getattr(fd, name)(5, 3, **options), getattr(dgl_nn, name)(5, 3, **options)
+        stock.load_state_dict(conv.state_dict())
+        counter = CompileCounter()
+        with torch.profiler.profile() as prof:
+            out = torch.compile(conv, backend=counter)(graph, feat)
+        assert counter.frame_count >= 1 and "fgplugin::spmm" in {e.key for e in prof.key_averages()}
+        assert rel_err(out, stock(graph, feat)) < TOL
+        torch._dynamo.reset()
+        assert rel_err(torch.compile(conv, fullgraph=True)(graph, feat), out) < TOL
+    torch._dynamo.reset()
+
+
 def test_convert_and_patch():
     model = torch.nn.ModuleList([dgl_nn.GraphConv(5, 5), dgl_nn.SAGEConv(5, 5, "pool"), dgl_nn.SGConv(5, 5)])
     graph, feat = graph_case("homo-loops"), torch.randn(36, 5)

@@ -35,15 +35,19 @@ def structure(graph) -> Structure | None:
     """The cached :class:`Structure` of a DGL graph or block with one edge type, else ``None``."""
     if len(graph.canonical_etypes) != 1:
         return None
-    index = graph._graph
-    cached = getattr(index, "_fgplugin_structure", None)
-    if cached is None:
-        src, dst = graph.edges(order="eid")
-        adj = TiledAdjacency.from_edge_index(torch.stack([src, dst]),
-                                             size=(graph.num_src_nodes(), graph.num_dst_nodes()))
-        cached = Structure(adj, bool((adj.in_degree() == 0).any()))
-        index._fgplugin_structure = cached
-    return cached
+    cached = getattr(graph._graph, "_fgplugin_structure", None)
+    return cached if cached is not None else _build_structure(graph)
+
+
+# DGL's graph API goes through its C library, which torch.compile cannot trace: a graph first seen
+# inside a compiled region is built here behind one graph break, and read without one afterwards.
+@torch.compiler.disable
+def _build_structure(graph) -> Structure:
+    src, dst = graph.edges(order="eid")
+    adj = TiledAdjacency.from_edge_index(torch.stack([src, dst]), size=(graph.num_src_nodes(), graph.num_dst_nodes()))
+    built = Structure(adj, bool((adj.in_degree() == 0).any()))
+    graph._graph._fgplugin_structure = built
+    return built
 
 
 def _spmm(adj: TiledAdjacency, x: Tensor, row_scale=None, col_scale=None) -> Tensor:
