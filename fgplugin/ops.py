@@ -71,8 +71,17 @@ def _spmm_setup_context(ctx, inputs, output):
 def _spmm_backward(ctx, grad):
     rowptr, col, values, x, r, c, d, t_rowptr, t_col, t_values, *plans = ctx.saved_tensors
     plan, t_plan = plans[:ctx.plan_sizes[0]], plans[ctx.plan_sizes[0]:]
-    need = ctx.needs_input_grad
-    need_values, need_x, need_r, need_c, need_d = need[2], need[3], need[4], need[5], need[6]
+    grads = _input_grads((rowptr, col, values, x, r, c, d, t_rowptr, t_col, t_values, plan, t_plan), grad,
+                         ctx.needs_input_grad[2:7])
+    no_grads = [None] * len(plan), [None] * len(t_plan)
+    return (None, None, *grads, None, None, None, *no_grads)
+
+
+def _input_grads(inputs, grad, need):
+    """(grad_values, grad_x, grad_r, grad_c, grad_d) of the op called with ``inputs`` for the
+    output gradient ``grad``; ``need`` says which (``None`` for the others)."""
+    rowptr, col, values, x, r, c, d, t_rowptr, t_col, t_values, plan, t_plan = inputs
+    need_values, need_x, need_r, need_c, need_d = need
     spmm_op = torch.ops.fgplugin.spmm.default
     aux = aux_dtype_for(x.dtype)
     grad_values = grad_x = grad_r = grad_c = grad_d = None
@@ -100,8 +109,7 @@ def _spmm_backward(ctx, grad):
             grad_d = grad_d * r[:n]
         if c is not None:
             grad_d = grad_d * c[:n]
-    no_grads = [None] * len(plan), [None] * len(t_plan)
-    return (None, None, grad_values, grad_x, grad_r, grad_c, grad_d, None, None, None, *no_grads)
+    return grad_values, grad_x, grad_r, grad_c, grad_d
 
 
 def _as_aux(t, name, length, aux, device):
@@ -143,8 +151,38 @@ def spmm_adjoint(adj: TiledAdjacency, g: torch.Tensor, row_scale=None, col_scale
     return _product(adj, g, row_scale, col_scale, diag, adjoint=True)
 
 
+def spmm_vjp(adj: TiledAdjacency, x: torch.Tensor, grad: torch.Tensor, row_scale=None, col_scale=None, diag=None):
+    """Gradients of ``spmm(adj, x, row_scale, col_scale, diag)`` for the output gradient ``grad``,
+    without autograd (for code that runs where autograd is off, e.g. inside a custom op):
+    ``(grad_values, grad_x, grad_row_scale, grad_col_scale, grad_diag)``, ``None`` for inputs that
+    are ``None``. ``grad_values`` is in ``adj``'s CSR order (that of ``adj.values``); scales and
+    ``diag`` must be tensors."""
+    inputs, features, pad = _op_inputs(adj, x, row_scale, col_scale, diag, with_transpose=True, name="fgplugin.spmm_vjp")
+    if pad:
+        grad = torch.nn.functional.pad(grad, (0, pad))
+    values, r, c, d = inputs[2], inputs[4], inputs[5], inputs[6]
+    need = (values is not None, True, r is not None, c is not None, d is not None)
+    grad_values, grad_x, grad_r, grad_c, grad_d = _input_grads(inputs, grad, need)
+    return grad_values, grad_x[:, :features] if pad else grad_x, grad_r, grad_c, grad_d
+
+
 def _product(adj, x, row_scale, col_scale, diag, adjoint: bool) -> torch.Tensor:
     name = "fgplugin.spmm_adjoint" if adjoint else "fgplugin.spmm"
+    # The forward product needs the transpose only for a backward pass; the adjoint always does.
+    with_transpose = adjoint or torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (x, adj.values, row_scale, col_scale, diag))
+    inputs, features, pad = _op_inputs(adj, x, row_scale, col_scale, diag, with_transpose, name, adjoint)
+    rowptr, col, values, x, r, c, d, t_rowptr, t_col, t_values, plan, t_plan = inputs
+    if adjoint:  # the op on A^T, with the forward arrays as its own "transpose" (for its backward)
+        out = torch.ops.fgplugin.spmm.default(t_rowptr, t_col, t_values, x, c, r, d, rowptr, col, values, t_plan, plan)
+    else:
+        out = torch.ops.fgplugin.spmm.default(*inputs)
+    return out[:, :features].contiguous() if pad else out
+
+
+def _op_inputs(adj, x, row_scale, col_scale, diag, with_transpose: bool, name: str, adjoint: bool = False):
+    """The op's 12 arguments for ``spmm(adj, x, ...)`` (checked, scales in the aux dtype, ``x``
+    padded to whole 16-byte rows on CUDA), ``x``'s feature count and the padding."""
     if not isinstance(adj, TiledAdjacency):
         raise TypeError(f"{name} expects a TiledAdjacency, got {type(adj).__name__}; build one with "
                         "TiledAdjacency.from_edge_index(edge_index, num_nodes)")
@@ -169,22 +207,15 @@ def _product(adj, x, row_scale, col_scale, diag, adjoint: bool) -> torch.Tensor:
     col_scale = _as_aux(col_scale, "col_scale", n_cols, aux, x.device)
     diag = _as_aux(diag, "diag", n_diag, aux, x.device)
     t_rowptr = t_col = t_values = None
-    # The forward product needs the transpose only for a backward pass; the adjoint always does.
-    if adjoint or (torch.is_grad_enabled()
-                   and any(t is not None and t.requires_grad for t in (x, values, row_scale, col_scale, diag))):
+    if with_transpose:
         t_rowptr, t_col, _ = adj.transpose()
         t_values = None if values is None else adj.transposed_values(values)
     features, pad = x.shape[1], _vector_pad(x)
     if pad:
         x = torch.nn.functional.pad(x, (0, pad))
-    plan, t_plan = kernel_plans(adj, x, t_rowptr is not None)
-    if adjoint:  # the op on A^T, with the forward arrays as its own "transpose" (for its backward)
-        out = torch.ops.fgplugin.spmm.default(t_rowptr, t_col, t_values, x, col_scale, row_scale, diag,
-                                              adj.rowptr, adj.col, values, t_plan, plan)
-    else:
-        out = torch.ops.fgplugin.spmm.default(adj.rowptr, adj.col, values, x, row_scale, col_scale, diag,
-                                              t_rowptr, t_col, t_values, plan, t_plan)
-    return out[:, :features].contiguous() if pad else out
+    plan, t_plan = kernel_plans(adj, x, with_transpose)
+    return (adj.rowptr, adj.col, values, x, row_scale, col_scale, diag, t_rowptr, t_col, t_values, plan,
+            t_plan), features, pad
 
 
 def _vector_pad(x: torch.Tensor) -> int:

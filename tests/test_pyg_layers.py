@@ -409,23 +409,25 @@ def test_torch_compile_cold_edge_index_has_no_graph_breaks(layer, weighted, monk
     torch._dynamo.reset()
 
 
-def test_torch_compile_cold_graph_with_learned_edge_weights():
-    """Edge weights that require grad need the structure while tracing: one graph break the first
-    time (the structure is built eagerly), none once it is cached; gradients as eager."""
+@pytest.mark.parametrize("layer", ["gcn", "gcn-improved", "sg", "lg"])
+def test_torch_compile_cold_graph_with_learned_edge_weights(layer):
+    """Edge weights that require grad: no graph breaks either; the weights' gradient (through the
+    normalization's degrees) and the input's gradient equal eager."""
     torch._dynamo.reset()
     ei, w, n = graph_case("messy")
-    conv, x = fp.GCNConv(8, 6), torch.randn(n, 8)
+    conv = COMPILE_CASES[layer]()
+    x = torch.randn(n, 8, requires_grad=True)
     cold = ei.clone()
     weight = w.clone().requires_grad_()
-    assert torch._dynamo.explain(conv)(x, cold, weight).graph_break_count == 1
-    torch._dynamo.reset()
-    assert torch._dynamo.explain(conv)(x, cold, weight).graph_break_count == 0
-    out = torch.compile(conv)(x, cold, weight)
-    expected_weight = w.clone().requires_grad_()
-    expected = conv(x, ei, expected_weight)
+    assert torch._dynamo.explain(COMPILE_CASES[layer]())(x, ei.clone(), weight).graph_break_count == 0
+    out = torch.compile(conv, fullgraph=True)(x, cold, weight)
+    x_ref, expected_weight = x.detach().requires_grad_(), w.clone().requires_grad_()
+    expected = conv(x_ref, ei, expected_weight)
     assert rel_err(out, expected) < TOL
-    assert rel_err(torch.autograd.grad(out.square().sum(), weight)[0],
-                   torch.autograd.grad(expected.square().sum(), expected_weight)[0]) < TOL
+    grad = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad(out, [weight, x], grad),
+                         torch.autograd.grad(expected, [expected_weight, x_ref], grad)):
+        assert rel_err(got, want) < TOL
     torch._dynamo.reset()
 
 

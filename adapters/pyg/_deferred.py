@@ -9,11 +9,13 @@ the custom op ``fgplugin::pyg_aggregate(edge_index, edge_weight, x, ...)``, whos
 exactly the eager layer's plan (``plan_of``). So a model compiled before it has seen its graph has
 no graph breaks, and a new ``edge_index`` object needs no recompilation.
 
-The op's gradient is for ``x`` only: the adjoint product (``fgplugin.ops.spmm_adjoint``, no
-forward recompute). Edge weights that require grad are not deferred (see ``make_plan``): the
-scales depend on them through the graph's structure, which a backward formula inside an opaque op
-cannot differentiate (autograd is off below a custom op). The backward op is not itself
-differentiable: double backward through this path raises PyTorch's error for ops without autograd.
+Gradients: for ``x`` alone, the adjoint product (``fgplugin.ops.spmm_adjoint``, no forward
+recompute). When the edge weights require grad too, the product's own gradients come from
+``fgplugin.ops.spmm_vjp`` and are carried back to the weights through the plan's values and
+scales (which depend on the weights through the degrees) with ``torch.func.vjp``: autograd is off
+below a custom op, functorch's transform is not, and that part has no custom op in it. The
+backward op is not itself differentiable: double backward through this path raises PyTorch's
+error for ops without autograd.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import torch
 from torch import Tensor
 
 import fgplugin
-from fgplugin.ops import spmm_adjoint
+from fgplugin.ops import spmm_adjoint, spmm_vjp
 
 from ._graph import graph_of
 from ._plan import NormSpec, Plan, plan_of
@@ -77,33 +79,49 @@ def _(edge_index, edge_weight, x, n_src, n_dst, flip, norm, improved, add_self_l
 
 
 @torch.library.custom_op("fgplugin::pyg_aggregate_backward", mutates_args=())
-def pyg_aggregate_backward(grad: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor], n_src: int, n_dst: int,
-                           flip: bool, norm: str, improved: bool, add_self_loops: bool) -> Tensor:
-    """The gradient of ``pyg_aggregate`` with respect to ``x``."""
-    plan = _eager_plan(edge_index, edge_weight, n_src, n_dst, flip, NormSpec(norm, improved, add_self_loops))
+def pyg_aggregate_backward(grad: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor], x: Optional[Tensor],
+                           n_src: int, n_dst: int, flip: bool, norm: str, improved: bool, add_self_loops: bool,
+                           need_weight: bool) -> tuple[Tensor, Tensor]:
+    """(gradient of ``edge_weight`` or an empty tensor, gradient of ``x``); ``x`` is needed (and
+    saved) only with ``need_weight``."""
+    spec = NormSpec(norm, improved, add_self_loops)
+    plan = _eager_plan(edge_index, edge_weight, n_src, n_dst, flip, spec)
+    if not need_weight:
+        with torch.no_grad():
+            return grad.new_empty(0), spmm_adjoint(plan.adj, grad, *plan.norm)
     with torch.no_grad():
-        return spmm_adjoint(plan.adj, grad, *plan.norm)
+        grads = spmm_vjp(plan.adj, x, grad, *plan.norm)  # (values, x, row scale, col scale, diag)
+    used = [i for i, t in enumerate((plan.adj.values, *plan.norm)) if t is not None]
+
+    def op_inputs(weight):  # the weights -> what the product was given (CSR values, scales)
+        weighted = _eager_plan(edge_index, weight, n_src, n_dst, flip, spec)
+        every = (weighted.adj.values, *weighted.norm)
+        return tuple(every[i] for i in used)
+
+    _, pullback = torch.func.vjp(op_inputs, edge_weight)
+    (grad_weight,) = pullback(tuple(grads[0 if i == 0 else i + 1] for i in used))
+    return grad_weight, grads[1]
 
 
 @pyg_aggregate_backward.register_fake
-def _(grad, edge_index, edge_weight, n_src, n_dst, flip, norm, improved, add_self_loops):
-    return grad.new_empty((n_src, grad.shape[1]))
+def _(grad, edge_index, edge_weight, x, n_src, n_dst, flip, norm, improved, add_self_loops, need_weight):
+    grad_weight = edge_weight.new_empty(edge_weight.shape) if need_weight else grad.new_empty(0)
+    return grad_weight, grad.new_empty((n_src, grad.shape[1]))
 
 
 def _setup_context(ctx, inputs, output):
     edge_index, edge_weight, x, *spec = inputs
     ctx.spec = spec
-    ctx.save_for_backward(edge_index, edge_weight)
+    ctx.save_for_backward(edge_index, edge_weight, x if ctx.needs_input_grad[1] else None)
 
 
 def _backward(ctx, grad):
-    if ctx.needs_input_grad[1]:
-        raise RuntimeError("fgplugin::pyg_aggregate cannot differentiate edge weights; fgplugin's layers do not "
-                           "defer weights that require grad (call the layer, not the op)")
-    edge_index, edge_weight = ctx.saved_tensors
-    grad_x = torch.ops.fgplugin.pyg_aggregate_backward(grad, edge_index, edge_weight, *ctx.spec) \
-        if ctx.needs_input_grad[2] else None
-    return (None, None, grad_x) + (None,) * len(ctx.spec)
+    edge_index, edge_weight, x = ctx.saved_tensors
+    need_weight = ctx.needs_input_grad[1]
+    grad_weight, grad_x = torch.ops.fgplugin.pyg_aggregate_backward(grad, edge_index, edge_weight, x, *ctx.spec,
+                                                                    need_weight)
+    return (None, grad_weight if need_weight else None, grad_x if ctx.needs_input_grad[2] else None) \
+        + (None,) * len(ctx.spec)
 
 
 pyg_aggregate.register_autograd(_backward, setup_context=_setup_context)

@@ -28,12 +28,9 @@ def make_plan(source, edge_weight: Tensor | None, n_src: int, n_dst: int, flip: 
 
     The edge values are those of a sparse input whose kind is in ``values_from``, else
     ``edge_weight``. Under ``torch.compile`` an ``edge_index`` gives a :class:`DeferredPlan`
-    (built when the compiled graph runs; see _deferred.py), so tracing never breaks on it, unless
-    its weights require grad: those need the structure while tracing (one graph break the first
-    time a graph is seen, none once it is cached).
+    (built when the compiled graph runs; see _deferred.py), so tracing never breaks on it.
     """
-    if (torch.compiler.is_compiling() and input_kind(source) == "edge_index"
-            and (edge_weight is None or not edge_weight.requires_grad)):
+    if torch.compiler.is_compiling() and input_kind(source) == "edge_index":
         return DeferredPlan(source, edge_weight, n_src, n_dst, flip, norm)
     graph = graph_of(source, n_src, n_dst, flip)
     if graph is None:
