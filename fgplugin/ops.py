@@ -172,9 +172,8 @@ def _product(adj, x, row_scale, col_scale, diag, adjoint: bool) -> torch.Tensor:
     with_transpose = adjoint or torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (x, adj.values, row_scale, col_scale, diag))
     inputs, features, pad = _op_inputs(adj, x, row_scale, col_scale, diag, with_transpose, name, adjoint)
-    rowptr, col, values, x, r, c, d, t_rowptr, t_col, t_values, plan, t_plan = inputs
-    if adjoint:  # the op on A^T, with the forward arrays as its own "transpose" (for its backward)
-        out = torch.ops.fgplugin.spmm.default(t_rowptr, t_col, t_values, x, c, r, d, rowptr, col, values, t_plan, plan)
+    if adjoint:  # the x-gradient of the forward op for the output gradient x (the op's x slot is unused)
+        out = _input_grads(inputs, inputs[3], (False, True, False, False, False))[1]
     else:
         out = torch.ops.fgplugin.spmm.default(*inputs)
     return out[:, :features].contiguous() if pad else out
