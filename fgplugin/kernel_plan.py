@@ -11,9 +11,12 @@ How the plan is made (format: csrc/cuda/block_adaptive_spmm.cuh, ``PLAN_VERSION`
    the tile holds more than ``threshold * T * T`` non-zeros (strictly), as in ``TilePlan``.
 2. Dense non-zeros are regrouped into the kernel's 32 x 32 tiles (any ``T`` works: a dense
    64 x 64 tile becomes up to four 32 x 32 bitmaps, a dense 16 x 16 tile part of one), each with
-   a 32-word bitmap; for weighted graphs also the CSR position of each entry (values are read
-   per call, so new weights need no new plan). A repeated (row, col) entry stays in the remainder.
-3. Row panels (32 rows) with dense tiles are listed most tiles first (longest job first).
+   a 32-word bitmap and the same bits in the layout of the tensor-core A fragments (one word per
+   lane); for weighted graphs also the CSR position of each entry (values are read per call, so
+   new weights need no new plan). A repeated (row, col) entry stays in the remainder.
+3. Tiles are grouped by row block (``BLOCK_PANELS`` row panels of 32 rows) and column panel: one
+   such group is a *stage*, whose 32 rows of X the kernel loads once for all its tiles. Blocks
+   with stages are listed most tiles first (longest job first).
 4. The remainder keeps CSR order; each row is cut into work items of at most ``chunk`` entries,
    so a hub row is spread over several warps; rows with several items are summed by a second
    pass in a fixed order (deterministic, no atomics).
@@ -27,8 +30,9 @@ import torch
 from . import _extension
 from ._csr import rows_of_edges
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 KERNEL_TILE = 32
+BLOCK_PANELS = 4  # row panels per block of the dense kernel (kBlockPanels in the .cuh)
 DEFAULT_CHUNK = 256  # remainder non-zeros per work item (one warp)
 _PLAN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # FGPLUGIN_BLOCK_ADAPTIVE=0 keeps every CUDA call on the simple CSR kernel (read once, at import).
@@ -111,8 +115,9 @@ def plan_stats(plan) -> dict:
         return {"dense_tiles": 0, "dense_nnz": 0, "rem_nnz": 0, "items": 0, "split_rows": 0}
     table = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.long, device=plan[4].device)
     dense_nnz = int(table[plan[4].view(torch.uint8).long()].sum())
-    return {"dense_tiles": plan[3].numel(), "dense_nnz": dense_nnz, "rem_nnz": plan[7].numel(),
-            "items": plan[10].numel(), "split_rows": plan[12].numel(), "panels_with_tiles": plan[2].numel()}
+    return {"dense_tiles": plan[4].numel() // 32, "dense_nnz": dense_nnz, "rem_nnz": plan[7].numel(),
+            "items": plan[10].numel(), "split_rows": plan[12].numel(), "stages": plan[3].numel() // 4,
+            "panels_with_tiles": int(plan[16].sum())}
 
 
 @torch.no_grad()
@@ -140,10 +145,10 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
     else:
         dense_edge = torch.zeros(nnz, dtype=torch.bool, device=device)
 
-    # 2. dense entries -> 32 x 32 bitmaps, ordered by (panel, column panel, row, col)
+    # 2. dense entries -> 32 x 32 bitmaps, ordered by (block, column panel, panel, row, col)
     d_idx = dense_edge.nonzero().squeeze(1)
     dr, dc = rows[d_idx], cols[d_idx]
-    full = (((dr >> 5) * ncp + (dc >> 5)) << 10) + ((dr & 31) << 5) + (dc & 31)
+    full = (((dr >> 7) * ncp + (dc >> 5)) << 12) + (((dr >> 5) & 3) << 10) + ((dr & 31) << 5) + (dc & 31)
     del dr, dc
     full, order = torch.sort(full, stable=True)
     d_idx = d_idx[order]
@@ -155,32 +160,48 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
             dense_edge[d_idx[dup]] = False
             full, d_idx = full[~dup], d_idx[~dup]
         del dup
-    tile_key = full >> 10
+    tile_key = full >> 10  # (block * ncp + column panel) * 4 + panel within the block
     utile, tcounts = torch.unique_consecutive(tile_key, return_counts=True)
     del tile_key
     n_tiles = utile.numel()
     tile_of = torch.repeat_interleave(torch.arange(n_tiles, **long), tcounts, output_size=full.numel())
     within = full & 1023
-    word = tile_of * 32 + (within >> 5)
-    del tile_of, full
-    bits64 = torch.zeros(n_tiles * 32, **long).index_add_(0, word, torch.ones_like(within) << (within & 31))
-    dtile_bits = torch.where(bits64 >= 2**31, bits64 - 2**32, bits64).to(torch.int32)
-    del bits64, within
-    panel_of_tile = utile // ncp
-    dtile_cp = (utile % ncp).to(torch.int32)
-    dpanel_ptr = torch.searchsorted(panel_of_tile, torch.arange(n_panels + 1, **long)).to(torch.int32)
-    per_panel = (dpanel_ptr[1:] - dpanel_ptr[:-1]).long()
-    has_tiles = (per_panel > 0).nonzero().squeeze(1)
-    lpt = torch.argsort(per_panel[has_tiles], descending=True, stable=True)
+    del full
+    r32, c32 = within >> 5, within & 31
+    dtile_bits = _words(tile_of * 32 + r32, c32, n_tiles)
+    # A fragment of m16n8k8: lane 4 g + t holds rows g, g + 8 of each m16 half and columns t, t + 4
+    # of each k8 step; bit 16 m + 4 ks + j <-> row 16 m + g + 8 (j & 1), column 8 ks + t + 4 (j >> 1)
+    lane = (r32 & 7) * 4 + (c32 & 3)
+    fbit = (r32 >> 4) * 16 + (c32 >> 3) * 4 + ((r32 >> 3) & 1) + ((c32 >> 2) & 1) * 2
+    dtile_frag = _words(tile_of * 32 + lane, fbit, n_tiles)
+    del lane, fbit, c32
+    # stages: tiles of one (block, column panel); mask bit q = panel q of the block has a tile
+    ustage, scounts = torch.unique_consecutive(utile >> 2, return_counts=True)
+    n_stages = ustage.numel()
+    stage_of = torch.repeat_interleave(torch.arange(n_stages, **long), scounts, output_size=n_tiles)
+    mask = torch.zeros(n_stages, **long).index_add_(0, stage_of, 1 << (utile & 3))
+    first = torch.cumsum(scounts, 0) - scounts
+    dstage = torch.stack([ustage % ncp, mask, first, torch.zeros_like(first)], 1).to(torch.int32).reshape(-1)
+    n_blocks = -(-n_panels // BLOCK_PANELS)
+    block_of_stage = ustage // ncp
+    dblock_ptr = torch.searchsorted(block_of_stage, torch.arange(n_blocks + 1, **long)).to(torch.int32)
+    tiles_per_block = torch.zeros(n_blocks, **long).index_add_(0, block_of_stage, scounts)
+    has_tiles = (tiles_per_block > 0).nonzero().squeeze(1)
+    lpt = torch.argsort(tiles_per_block[has_tiles], descending=True, stable=True)
     dwork = has_tiles[lpt].to(torch.int32)
+    dpanel_dense = torch.zeros(n_panels, dtype=torch.int32, device=device)
+    dpanel_dense[(utile >> 2) // ncp * BLOCK_PANELS + (utile & 3)] = 1
+    del ustage, scounts, stage_of, mask, first, block_of_stage, tiles_per_block, has_tiles, lpt, utile
     if weighted:
+        word = tile_of * 32 + r32
         row_counts = torch.zeros(n_tiles * 32, **long).index_add_(0, word, torch.ones_like(word))
         dtile_roff = torch.cumsum(row_counts, 0) - row_counts
         dense_eid = d_idx.clone()
+        del word, row_counts
     else:
         dtile_roff = torch.empty(0, **long)
         dense_eid = torch.empty(0, **long)
-    del word, d_idx
+    del tile_of, r32, within, d_idx
 
     # 4. remainder in CSR order, rows cut into work items of <= chunk entries
     rem_pos = (~dense_edge).nonzero().squeeze(1)
@@ -204,5 +225,11 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
     split_ptr = torch.cat([torch.zeros(1, **long), torch.cumsum(nch[split_row], 0)]).to(torch.int32)
     slot_row = item_row[item_split].to(torch.int32)
     meta = torch.tensor([PLAN_VERSION, KERNEL_TILE, int(weighted), chunk], **long)
-    return [meta, dpanel_ptr, dwork, dtile_cp, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
-            item_row.to(idx), item_slot, split_row, split_ptr, slot_row]
+    return [meta, dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
+            item_row.to(idx), item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense]
+
+
+def _words(word: torch.Tensor, bit: torch.Tensor, n_tiles: int) -> torch.Tensor:
+    """int32[n_tiles * 32] with bit ``bit[i]`` of word ``word[i]`` set (each (word, bit) at most once)."""
+    bits64 = torch.zeros(n_tiles * 32, dtype=torch.long, device=word.device).index_add_(0, word, 1 << bit)
+    return torch.where(bits64 >= 2**31, bits64 - 2**32, bits64).to(torch.int32)

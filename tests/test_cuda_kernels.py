@@ -77,21 +77,36 @@ def _check(case, out, x, rs, cs, d, tol, what):
 
 # --------------------------------------------------------------------------- CPU: plan semantics
 def _emulate(plan, adj, x, rs, cs, d):
-    (_, dpanel_ptr, _, dtile_cp, bits, roff, deid, rem_col, rem_eid, item_ptr, item_row, *_rest) = [
-        t.cpu() for t in plan]
+    (_, dblock_ptr, _, dstage, bits, roff, deid, rem_col, rem_eid, item_ptr, item_row, _, _, _, _, frag,
+     panel_dense) = [t.cpu() for t in plan]
     values = None if adj.values is None else adj.values.double().cpu()
     n_rows, n_cols = adj.shape
     xc = x.double() * (cs.double()[:, None] if cs is not None else 1.0)
     out = torch.zeros(n_rows, x.shape[1], dtype=torch.float64)
-    for p in range(dpanel_ptr.numel() - 1):
-        for t in range(int(dpanel_ptr[p]), int(dpanel_ptr[p + 1])):
-            for r in range(32):
-                w, k = int(bits[t * 32 + r]) & 0xFFFFFFFF, 0
-                for b in range(32):
-                    if (w >> b) & 1:
-                        v = 1.0 if values is None else float(values[int(deid[int(roff[t * 32 + r]) + k])])
-                        k += 1
-                        out[p * 32 + r] += v * xc[int(dtile_cp[t]) * 32 + b]
+    dstage = dstage.view(-1, 4)
+    panels_seen = set()
+    for blk in range(dblock_ptr.numel() - 1):
+        for s in range(int(dblock_ptr[blk]), int(dblock_ptr[blk + 1])):
+            cp, mask, first, _ = (int(v) for v in dstage[s])
+            assert 0 < mask < 16
+            for q in range(4):
+                if not (mask >> q) & 1:
+                    continue
+                t = first + bin(mask & ((1 << q) - 1)).count("1")
+                p = blk * 4 + q
+                panels_seen.add(p)
+                for r in range(32):
+                    w, k = int(bits[t * 32 + r]) & 0xFFFFFFFF, 0
+                    for b in range(32):
+                        # the fragment word of lane 4 (r % 8) + b % 4 holds the same bit
+                        lane = (r % 8) * 4 + b % 4
+                        fbit = (r // 16) * 16 + (b // 8) * 4 + (r // 8) % 2 + ((b // 4) % 2) * 2
+                        assert ((int(frag[t * 32 + lane]) >> fbit) & 1) == ((w >> b) & 1)
+                        if (w >> b) & 1:
+                            v = 1.0 if values is None else float(values[int(deid[int(roff[t * 32 + r]) + k])])
+                            k += 1
+                            out[p * 32 + r] += v * xc[cp * 32 + b]
+    assert panel_dense.nonzero().squeeze(1).tolist() == sorted(panels_seen)
     for it in range(item_row.numel()):
         for e in range(int(item_ptr[it]), int(item_ptr[it + 1])):
             v = 1.0 if values is None else float(values[int(rem_eid[e])])

@@ -13,16 +13,19 @@ void check_block_plan(const SpmmArgs& a, at::TensorList plan) {
   TORCH_CHECK(a.x.size(1) <= block_adaptive_max_features(a.x.scalar_type()), "fgplugin.spmm: F=", num(a.x.size(1)),
               " is too wide for the block-adaptive kernel; split the features into chunks of at most ",
               num(block_adaptive_max_features(a.x.scalar_type())));
-  const auto& [meta, dpanel_ptr, dwork, dtile_cp, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
-               item_row, item_slot, split_row, split_ptr, slot_row] = BlockPlan(plan);
+  const auto& [meta, dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
+               item_row, item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense] = BlockPlan(plan);
   const int64_t n_rows = a.n_rows, n_items = item_row.numel(), n_split = split_row.numel();
-  TORCH_CHECK(dpanel_ptr.numel() == (n_rows + 31) / 32 + 1 && item_ptr.numel() == n_items + 1 &&
-                  item_slot.numel() == n_items && n_items >= n_rows && dtile_bits.numel() == 32 * dtile_cp.numel() &&
-                  split_ptr.numel() == n_split + 1,
+  const int64_t n_panels = (n_rows + 31) / 32;
+  TORCH_CHECK(dblock_ptr.numel() == (n_panels + kBlockPanels - 1) / kBlockPanels + 1 &&
+                  dpanel_dense.numel() == n_panels && item_ptr.numel() == n_items + 1 &&
+                  item_slot.numel() == n_items && n_items >= n_rows && dstage.numel() % 4 == 0 &&
+                  dtile_frag.numel() == dtile_bits.numel() && split_ptr.numel() == n_split + 1,
               "fgplugin.spmm: the kernel plan does not match this adjacency (", num(n_rows),
               " rows); rebuild it with fgplugin.kernel_plan.kernel_plans");
-  TORCH_CHECK(dpanel_ptr.scalar_type() == at::kInt && dwork.scalar_type() == at::kInt &&
-                  dtile_cp.scalar_type() == at::kInt && dtile_bits.scalar_type() == at::kInt &&
+  TORCH_CHECK(dblock_ptr.scalar_type() == at::kInt && dwork.scalar_type() == at::kInt &&
+                  dstage.scalar_type() == at::kInt && dtile_bits.scalar_type() == at::kInt &&
+                  dtile_frag.scalar_type() == at::kInt && dpanel_dense.scalar_type() == at::kInt &&
                   item_slot.scalar_type() == at::kInt && split_ptr.scalar_type() == at::kInt &&
                   split_row.scalar_type() == at::kLong && rem_col.scalar_type() == a.rowptr.scalar_type() &&
                   item_ptr.scalar_type() == a.rowptr.scalar_type() && item_row.scalar_type() == a.rowptr.scalar_type(),

@@ -2,18 +2,23 @@
 // fgplugin/kernel_plan.py (format in block_adaptive_spmm.cuh). Three launches on the current stream,
 // no atomics, so results are bitwise deterministic:
 //
-// 1. ba_dense_kernel: one CTA of 4 warps per (row panel with dense tiles, 64- or 128-column chunk
-//    of F). Panels come in LPT order (most tiles first). For each dense 32x32 tile of the panel the
-//    CTA stages X[cp*32 : cp*32+32, f0 : f0+FC] in shared memory with cp.async (3 stages, zero
-//    filled past n_cols / F), plus the tile's 32-word bitmap, the 32 column scales and (weighted
-//    graphs) the 32x32 edge values. Warp w owns columns [w*FC/4, (w+1)*FC/4) of the chunk and all
-//    32 rows (2 m16 tiles). The A fragments are built in registers from the bitmap (0/1, times the
-//    weight); col scales are applied to X (fp32) or to A (bf16/fp16).
-//      fp32 accurate: FC = 64, m16n8k8 TF32 with X split x = hi + lo (2 MMAs per product on unit
-//        weights since A is exact; 3 with weights: a_hi b_hi + a_hi b_lo + a_lo b_hi).
-//      fp32 with TF32 allowed by PyTorch: 1 MMA (A and X rounded to TF32).
-//      bf16 / fp16: FC = 128, m16n8k16 with B fragments by ldmatrix.trans, fp32 accumulation.
-//    It writes the panel's raw dense partial (no scales) into out (in x's dtype).
+// 1. ba_dense_kernel: one CTA of 4 warps per (row block of 4 row panels = 128 rows with dense
+//    tiles, 64-column chunk of F). Blocks come in LPT order (most tiles first). A stage is one
+//    column panel where >= 1 panel of the block has a dense tile: the CTA stages X[cp*32 : cp*32+32,
+//    f0 : f0+64] in shared memory once with cp.async (3 stages, zero filled past n_cols / F) and
+//    multiplies it into every panel of the block that has a tile there (2.8-3.0 tiles per stage
+//    on the community-ordered suite), with the 32 column scales and the tiles' words or (weighted)
+//    32x32 edge values. Warp w owns columns [16w, 16w+16) of the chunk for all 128 rows (8 m16
+//    tiles), so each X element is turned into a B fragment once per stage. Col scales are applied
+//    to X (fp32) or to A (bf16/fp16).
+//      fp32 accurate: m16n8k8 TF32 with X split x = hi + lo by truncation (2 MMAs per product on
+//        unit weights, whose A = 0/1 is exact; 3 with weights). The unit A fragments come from
+//        dtile_frag, one word per lane, at 2 integer ops per value: the kernel was issue-bound on
+//        building them from row bitmaps (ncu: ALU pipe 62%, L2 30% on reddit-like).
+//      fp32 with TF32 allowed by PyTorch: 1 MMA (X rounded to TF32).
+//      bf16 / fp16: m16n8k16 with B fragments by ldmatrix.trans, fp32 accumulation.
+//    It writes the raw dense partial (no scales) of the block's panels with tiles into out (in x's
+//    dtype).
 // 2. ba_sparse_kernel: one warp per work item (a chunk of <= `chunk` remainder entries of one row;
 //    hub rows are split into several items). The warp is cut into 32/L groups of L lanes; lane
 //    sub-index s covers features [s*V, s*V+V) with 16-byte vector loads (V = 4 fp32, 8 bf16/fp16;
@@ -75,7 +80,7 @@ __device__ __forceinline__ uint32_t to_tf32(float v) {
 }
 
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -85,13 +90,13 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
 template <bool kBF16>
 __device__ __forceinline__ void mma_16bit(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (kBF16) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -196,24 +201,34 @@ template <typename scalar_t>
 constexpr int kVec = 16 / sizeof(scalar_t);
 
 // ------------------------------------------------------------------ 1. dense tiles
-template <typename scalar_t>
+// One CTA = one row block (kBlockPanels x 32 = 128 rows) x one FC-column chunk of F. Its stages
+// (column panels with >= 1 dense tile in the block) are staged once in shared memory and serve
+// every row panel of the block that has a tile there, so X is read once per stage, not per tile.
+template <typename scalar_t, bool WEIGHTED>
 struct DenseCfg {
   static constexpr bool kFp32 = std::is_same_v<scalar_t, float>;
-  static constexpr int FC = kFp32 ? 64 : 128;     // feature columns per CTA
-  static constexpr int WN = FC / 4;               // columns per warp
+  static constexpr int FC = 64;                   // feature columns per CTA
+  static constexpr int WN = FC / 4;               // columns per warp (all 128 rows)
   static constexpr int NT = WN / 8;               // n8 tiles per warp
   static constexpr int XSTRIDE = FC + 8;          // smem row stride in elements (bank-conflict pad)
   static constexpr int EPC = 16 / sizeof(scalar_t);  // elements per 16-byte chunk
   static constexpr int ASTRIDE = 36;              // weighted A values: 32 + 4 pad (floats)
   using smem_t = std::conditional_t<kFp32, float, uint16_t>;
+  // Per stage: X (32 x FC), column scales, the tiles' words (unit weights: fp32 fragment words or
+  // 16-bit bitmaps; unused when weighted), the panel mask, and when weighted the A values per panel.
+  static constexpr int kXBytes = 32 * XSTRIDE * static_cast<int>(sizeof(smem_t));
+  static constexpr int kAVFloats = WEIGHTED ? kBlockPanels * 32 * ASTRIDE : 0;
+  static constexpr int kStageBytes = kXBytes + 4 * (32 + kBlockPanels * 32 + 4 + kAVFloats);
+  static constexpr int kSmemBytes = kStages * kStageBytes;
 };
 
 template <typename scalar_t>
 struct DenseParams {
-  const int* dpanel_ptr;
+  const int* dblock_ptr;
   const int* dwork;
-  const int* dtile_cp;
+  const int4* dstage;
   const uint32_t* dtile_bits;
+  const uint32_t* dtile_frag;
   const int64_t* dtile_roff;
   const int64_t* dense_eid;
   const float* values;
@@ -224,36 +239,73 @@ struct DenseParams {
   bool vec;
 };
 
+// A stage's view of the dynamic shared memory.
+template <typename scalar_t, bool WEIGHTED>
+struct DenseStage {
+  using Cfg = DenseCfg<scalar_t, WEIGHTED>;
+  typename Cfg::smem_t* x;
+  float* cs;
+  uint32_t* words;  // [kBlockPanels][32]
+  int* mask;
+  float* av;        // [kBlockPanels][32 * ASTRIDE]
+  __device__ DenseStage(unsigned char* base, int s) {
+    unsigned char* p = base + s * Cfg::kStageBytes;
+    x = reinterpret_cast<typename Cfg::smem_t*>(p);
+    cs = reinterpret_cast<float*>(p + Cfg::kXBytes);
+    words = reinterpret_cast<uint32_t*>(cs + 32);
+    mask = reinterpret_cast<int*>(words + kBlockPanels * 32);
+    av = reinterpret_cast<float*>(mask + 4);
+  }
+};
+
+// TF32 operand of an fp32 value for the split product: the hardware reads the top 19 bits, so the
+// high part is the value truncated there and the low part (exact in fp32) is read truncated too;
+// hi + lo keeps 22 of the 24 significand bits (relative error <= 2^-21 per element).
+__device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(v) & 0xffffe000u;
+  lo = __float_as_uint(v - __uint_as_float(hi));
+}
+
 // MODE 0: one TF32 MMA (TF32 allowed) / native 16-bit MMA; MODE 1: fp32-accurate TF32 split.
 template <typename scalar_t, bool WEIGHTED, int MODE>
-__global__ void __launch_bounds__(128) ba_dense_kernel(const DenseParams<scalar_t> p) {
-  using Cfg = DenseCfg<scalar_t>;
+__global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scalar_t> p) {
+  using Cfg = DenseCfg<scalar_t, WEIGHTED>;
   using smem_t = typename Cfg::smem_t;
   constexpr int FC = Cfg::FC, WN = Cfg::WN, NT = Cfg::NT, XS = Cfg::XSTRIDE, EPC = Cfg::EPC;
   constexpr int AS = Cfg::ASTRIDE;
-  __shared__ __align__(16) smem_t xs[kStages][32 * XS];
-  __shared__ float csm[kStages][32];
-  __shared__ uint32_t bms[kStages][32];
-  __shared__ float avs[WEIGHTED ? kStages : 1][WEIGHTED ? 32 * AS : 1];
+  constexpr bool kFrag = Cfg::kFp32 && !WEIGHTED;  // A fragments straight from dtile_frag
+  constexpr int MT = 2 * kBlockPanels;             // m16 tiles per block
+  extern __shared__ __align__(16) unsigned char smem_raw[];
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int64_t panel = p.dwork[blockIdx.x];
+  const int64_t block = p.dwork[blockIdx.x];
   const int64_t f0 = static_cast<int64_t>(blockIdx.y) * FC;
-  const int64_t t_begin = p.dpanel_ptr[panel];
-  const int nt = p.dpanel_ptr[panel + 1] - static_cast<int>(t_begin);
+  const int64_t st_begin = p.dblock_ptr[block];
+  const int ns = p.dblock_ptr[block + 1] - static_cast<int>(st_begin);
   const smem_t* xraw = reinterpret_cast<const smem_t*>(p.x);
+  int used_panels = 0;  // union of the stage masks (the same in every thread)
 
-  auto load_stage = [&](int s, int64_t t) {
-    const int64_t j0 = static_cast<int64_t>(p.dtile_cp[t]) * 32;
+  auto load_stage = [&](int s, const int4 meta) {
+    const DenseStage<scalar_t, WEIGHTED> S(smem_raw, s);
+    const int64_t j0 = static_cast<int64_t>(meta.x) * 32;
+    const int mask = meta.y;
+    used_panels |= mask;
     if (tid < 32) {
-      cp_async4(&bms[s][tid], p.dtile_bits + t * 32 + tid, true);
       const int64_t j = j0 + tid;
       const bool ok = j < p.n_cols;
       if (p.cs != nullptr) {
-        cp_async4(&csm[s][tid], p.cs + (ok ? j : 0), ok);
+        cp_async4(&S.cs[tid], p.cs + (ok ? j : 0), ok);
       } else {
-        csm[s][tid] = ok ? 1.f : 0.f;
+        S.cs[tid] = ok ? 1.f : 0.f;
+      }
+      if (tid == 0) *S.mask = mask;
+    }
+    if constexpr (!WEIGHTED) {
+      const int q = tid >> 5;  // 128 threads = one word of each of the 4 panels' tiles
+      if ((mask >> q) & 1) {
+        const int64_t t = meta.z + __popc(mask & ((1 << q) - 1));
+        cp_async4(&S.words[tid], (kFrag ? p.dtile_frag : p.dtile_bits) + t * 32 + lane, true);
       }
     }
     if (p.vec) {
@@ -263,155 +315,203 @@ __global__ void __launch_bounds__(128) ba_dense_kernel(const DenseParams<scalar_
         const int r = c / CPR, q = c % CPR;
         const int64_t j = j0 + r, f = f0 + q * EPC;
         const bool ok = j < p.n_cols && f < p.F;
-        cp_async16(&xs[s][r * XS + q * EPC], ok ? xraw + j * p.F + f : xraw, ok);
+        cp_async16(&S.x[r * XS + q * EPC], ok ? xraw + j * p.F + f : xraw, ok);
       }
     } else {
       for (int c = tid; c < 32 * FC; c += 128) {
         const int r = c / FC, q = c % FC;
         const int64_t j = j0 + r, f = f0 + q;
-        xs[s][r * XS + q] = (j < p.n_cols && f < p.F) ? xraw[j * p.F + f] : smem_t(0);
+        S.x[r * XS + q] = (j < p.n_cols && f < p.F) ? xraw[j * p.F + f] : smem_t(0);
       }
     }
     if constexpr (WEIGHTED) {
       const int r = tid >> 2, c0 = (tid & 3) * 8;
-      const uint32_t word = p.dtile_bits[t * 32 + r];
-      const int64_t base = p.dtile_roff[t * 32 + r];
+      for (int q = 0; q < kBlockPanels; ++q) {
+        if (!((mask >> q) & 1)) continue;
+        const int64_t t = meta.z + __popc(mask & ((1 << q) - 1));
+        const uint32_t word = p.dtile_bits[t * 32 + r];
+        const int64_t base = p.dtile_roff[t * 32 + r];
 #pragma unroll
-      for (int c = c0; c < c0 + 8; ++c) {
-        float v = 0.f;
-        if ((word >> c) & 1u) v = p.values[p.dense_eid[base + __popc(word & ((1u << c) - 1u))]];
-        avs[s][r * AS + c] = v;
+        for (int c = c0; c < c0 + 8; ++c) {
+          float v = 0.f;
+          if ((word >> c) & 1u) v = p.values[p.dense_eid[base + __popc(word & ((1u << c) - 1u))]];
+          S.av[q * 32 * AS + r * AS + c] = v;
+        }
       }
     }
   };
 
-  float acc[2][NT][4];
+  float acc[MT][NT][4];
 #pragma unroll
-  for (int m = 0; m < 2; ++m)
+  for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[m][n][q] = 0.f;
 
+  // Stage metadata is read one iteration ahead, so its latency hides behind a stage's MMAs.
+  const int4* stages = p.dstage + st_begin;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nt) load_stage(s, t_begin + s);
+    if (s < ns) load_stage(s, __ldg(stages + s));
     cp_async_commit();
   }
+  int4 next_meta = kStages - 1 < ns ? __ldg(stages + kStages - 1) : make_int4(0, 0, 0, 0);
 
-  for (int i = 0; i < nt; ++i) {
+  for (int i = 0; i < ns; ++i) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // stage i landed for everyone; stage (i-1) % kStages is free again
-    if (i + kStages - 1 < nt) load_stage((i + kStages - 1) % kStages, t_begin + i + kStages - 1);
+    if (i + kStages - 1 < ns) load_stage((i + kStages - 1) % kStages, next_meta);
     cp_async_commit();
+    if (i + kStages < ns) next_meta = __ldg(stages + i + kStages);
 
-    const int s = i % kStages;
-    const smem_t* X = xs[s];
-    uint32_t bm[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) bm[q] = bms[s][g + 8 * q];  // rows g, g+8, g+16, g+24
-    const float* AV = avs[WEIGHTED ? s : 0];
+    const DenseStage<scalar_t, WEIGHTED> S(smem_raw, i % kStages);
+    const smem_t* X = S.x;
+    const int mask = *S.mask;
 
     if constexpr (Cfg::kFp32) {
-      constexpr uint32_t kOne = 0x3f800000u;
+      uint32_t fw[kBlockPanels];
+      if constexpr (kFrag) {
+#pragma unroll
+        for (int q = 0; q < kBlockPanels; ++q) fw[q] = S.words[q * 32 + lane];
+      }
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         const int k0 = ks * 8 + t4, k1 = k0 + 4;
-        uint32_t ahi[2][4], alo[2][4];
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          if constexpr (!WEIGHTED) {
-            ahi[m][0] = ((bm[2 * m] >> k0) & 1u) ? kOne : 0u;
-            ahi[m][1] = ((bm[2 * m + 1] >> k0) & 1u) ? kOne : 0u;
-            ahi[m][2] = ((bm[2 * m] >> k1) & 1u) ? kOne : 0u;
-            ahi[m][3] = ((bm[2 * m + 1] >> k1) & 1u) ? kOne : 0u;
-          } else {
-            const int ra = m * 16 + g, rb = ra + 8;
-            const float av[4] = {AV[ra * AS + k0], AV[rb * AS + k0], AV[ra * AS + k1], AV[rb * AS + k1]};
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              ahi[m][q] = to_tf32(av[q]);
-              alo[m][q] = to_tf32(av[q] - __uint_as_float(ahi[m][q]));
-            }
-          }
-        }
-        const float c0 = csm[s][k0], c1 = csm[s][k1];
+        const float c0 = S.cs[k0], c1 = S.cs[k1];
+        uint32_t bh[NT][2], bl[NT][2];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
           const int col = warp * WN + n * 8 + g;
           const float b0 = X[k0 * XS + col] * c0, b1 = X[k1 * XS + col] * c1;
-          const uint32_t bh0 = to_tf32(b0), bh1 = to_tf32(b1);
           if constexpr (MODE == 1) {
-            const uint32_t bl0 = to_tf32(b0 - __uint_as_float(bh0)), bl1 = to_tf32(b1 - __uint_as_float(bh1));
-#pragma unroll
-            for (int m = 0; m < 2; ++m) {
-              if constexpr (WEIGHTED) mma_tf32(acc[m][n], alo[m], bh0, bh1);
-              mma_tf32(acc[m][n], ahi[m], bl0, bl1);
-              mma_tf32(acc[m][n], ahi[m], bh0, bh1);
-            }
+            split_tf32(b0, bh[n][0], bl[n][0]);
+            split_tf32(b1, bh[n][1], bl[n][1]);
           } else {
-#pragma unroll
-            for (int m = 0; m < 2; ++m) mma_tf32(acc[m][n], ahi[m], bh0, bh1);
+            bh[n][0] = to_tf32(b0);
+            bh[n][1] = to_tf32(b1);
           }
+        }
+#pragma unroll
+        for (int q = 0; q < kBlockPanels; ++q) {
+          if (!((mask >> q) & 1)) continue;  // the same in the whole CTA
+          uint32_t ahi[2][4], alo[2][4];
+#pragma unroll
+          for (int mm = 0; mm < 2; ++mm) {
+            if constexpr (kFrag) {
+              // bit 16 mm + 4 ks + j of the lane's word -> 1.0f (0x3f800000) or 0: the product of the
+              // isolated bit (<= 2^15) and 0x3f800000 >> bit is exact.
+              const uint32_t w = mm ? fw[q] >> 16 : fw[q];
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                constexpr uint32_t kOne = 0x3f800000u;
+                const int b = ks * 4 + j;
+                ahi[mm][j] = (w & (1u << b)) * (kOne >> b);
+              }
+            } else {
+              const float* AV = S.av + q * 32 * AS;
+              const int ra = mm * 16 + g, rb = ra + 8;
+              const float av[4] = {AV[ra * AS + k0], AV[rb * AS + k0], AV[ra * AS + k1], AV[rb * AS + k1]};
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                if constexpr (MODE == 1) {
+                  split_tf32(av[j], ahi[mm][j], alo[mm][j]);
+                } else {
+                  ahi[mm][j] = to_tf32(av[j]);
+                }
+              }
+            }
+          }
+          // Small parts first, then the high parts: 4 independent accumulators between two MMAs
+          // into the same one (the kernel stalled on MMA latency with them back to back).
+          if constexpr (MODE == 1) {
+#pragma unroll
+            for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+              for (int n = 0; n < NT; ++n) mma_tf32(acc[2 * q + mm][n], ahi[mm], bl[n][0], bl[n][1]);
+            if constexpr (WEIGHTED) {
+#pragma unroll
+              for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+                for (int n = 0; n < NT; ++n) mma_tf32(acc[2 * q + mm][n], alo[mm], bh[n][0], bh[n][1]);
+            }
+          }
+#pragma unroll
+          for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+            for (int n = 0; n < NT; ++n) mma_tf32(acc[2 * q + mm][n], ahi[mm], bh[n][0], bh[n][1]);
         }
       }
     } else {
       constexpr bool kBF = std::is_same_v<scalar_t, at::BFloat16>;
+      const int mi = lane >> 3, rr = lane & 7;
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         const int ka = ks * 16 + 2 * t4;
         const int kc[4] = {ka, ka + 1, ka + 8, ka + 9};
         float cv[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) cv[q] = csm[s][kc[q]];
-        uint32_t a[2][4];
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          const int ra = m * 16 + g, rb = ra + 8;
-          float v[2][4];  // [row a/b][column kc]
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            if constexpr (!WEIGHTED) {
-              v[0][q] = ((bm[2 * m] >> kc[q]) & 1u) ? cv[q] : 0.f;
-              v[1][q] = ((bm[2 * m + 1] >> kc[q]) & 1u) ? cv[q] : 0.f;
-            } else {
-              v[0][q] = AV[ra * AS + kc[q]] * cv[q];
-              v[1][q] = AV[rb * AS + kc[q]] * cv[q];
-            }
-          }
-          a[m][0] = pack2<kBF>(v[0][0], v[0][1]);
-          a[m][1] = pack2<kBF>(v[1][0], v[1][1]);
-          a[m][2] = pack2<kBF>(v[0][2], v[0][3]);
-          a[m][3] = pack2<kBF>(v[1][2], v[1][3]);
-        }
-        const int mi = lane >> 3, rr = lane & 7;
+        for (int q = 0; q < 4; ++q) cv[q] = S.cs[kc[q]];
         const int krow = ks * 16 + (mi & 1) * 8 + rr;
+        uint32_t b[NT / 2][4];
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
           const int col = warp * WN + (2 * np + (mi >> 1)) * 8;
-          uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(smem_addr(&X[krow * XS + col]), b0, b1, b2, b3);
+          ldmatrix_x4_trans(smem_addr(&X[krow * XS + col]), b[np][0], b[np][1], b[np][2], b[np][3]);
+        }
 #pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            mma_16bit<kBF>(acc[m][2 * np], a[m], b0, b1);
-            mma_16bit<kBF>(acc[m][2 * np + 1], a[m], b2, b3);
+        for (int q = 0; q < kBlockPanels; ++q) {
+          if (!((mask >> q) & 1)) continue;
+#pragma unroll
+          for (int mm = 0; mm < 2; ++mm) {
+            const int m = 2 * q + mm;
+            float v[2][4];  // [row a/b][column kc]
+            if constexpr (!WEIGHTED) {
+              const uint32_t wa = S.words[q * 32 + mm * 16 + g], wb = S.words[q * 32 + mm * 16 + g + 8];
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                v[0][c] = ((wa >> kc[c]) & 1u) ? cv[c] : 0.f;
+                v[1][c] = ((wb >> kc[c]) & 1u) ? cv[c] : 0.f;
+              }
+            } else {
+              const float* AV = S.av + q * 32 * AS;
+              const int ra = mm * 16 + g, rb = ra + 8;
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                v[0][c] = AV[ra * AS + kc[c]] * cv[c];
+                v[1][c] = AV[rb * AS + kc[c]] * cv[c];
+              }
+            }
+            uint32_t a[4];
+            a[0] = pack2<kBF>(v[0][0], v[0][1]);
+            a[1] = pack2<kBF>(v[1][0], v[1][1]);
+            a[2] = pack2<kBF>(v[0][2], v[0][3]);
+            a[3] = pack2<kBF>(v[1][2], v[1][3]);
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+              mma_16bit<kBF>(acc[m][2 * np], a, b[np][0], b[np][1]);
+              mma_16bit<kBF>(acc[m][2 * np + 1], a, b[np][2], b[np][3]);
+            }
           }
         }
       }
     }
   }
 
-  // Raw dense partial of the panel -> out (the sparse pass adds the rest and scales).
+  // Raw dense partial of the block's panels that hold tiles -> out (the sparse pass adds the rest
+  // and scales; it reads back exactly these panels, see dpanel_dense).
 #pragma unroll
-  for (int m = 0; m < 2; ++m)
+  for (int m = 0; m < MT; ++m) {
+    if (!((used_panels >> (m / 2)) & 1)) continue;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const int64_t row = panel * 32 + m * 16 + g + (q >> 1) * 8;
+        const int64_t row = block * (32 * kBlockPanels) + m * 16 + g + (q >> 1) * 8;
         const int64_t f = f0 + warp * WN + n * 8 + 2 * t4 + (q & 1);
         if (row < p.n_rows && f < p.F) p.out[row * p.F + f] = from_float<scalar_t>(acc[m][n][q]);
       }
+  }
 }
 
 // ------------------------------------------------------------------ 2. sparse remainder
@@ -422,7 +522,7 @@ struct SparseParams {
   const index_t* item_ptr;
   const index_t* item_row;
   const int* item_slot;
-  const int* dpanel_ptr;
+  const int* dpanel_dense;
   const float* values;
   const scalar_t* x;
   const float* rs;
@@ -452,7 +552,7 @@ __device__ __forceinline__ void sparse_item(const SparseParams<scalar_t, index_t
   using IO = VecIO<scalar_t, V>;
   const int L = p.lanes, G = 32 / L, grp = lane / L, sub = lane % L;
   const int64_t F = p.F;
-  const bool has_dense = p.dpanel_ptr[(row >> 5) + 1] > p.dpanel_ptr[row >> 5];
+  const bool has_dense = p.dpanel_dense[row >> 5] != 0;
   for (int64_t f0 = 0; f0 < F; f0 += static_cast<int64_t>(L) * V) {
     const int64_t f = f0 + static_cast<int64_t>(sub) * V;
     const bool active = f < F;
@@ -550,7 +650,7 @@ __global__ void __launch_bounds__(kSparseWarps * 32) ba_sparse_kernel(const Spar
 template <typename scalar_t>
 __global__ void __launch_bounds__(kSparseWarps * 32)
     ba_combine_kernel(const int64_t* __restrict__ split_row, const int* __restrict__ split_ptr,
-                      const float* __restrict__ partial, const int* __restrict__ dpanel_ptr,
+                      const float* __restrict__ partial, const int* __restrict__ dpanel_dense,
                       const scalar_t* __restrict__ x, const float* __restrict__ rs, const float* __restrict__ cs,
                       const float* __restrict__ diag, scalar_t* __restrict__ out, int64_t n_split, int64_t n_diag,
                       int64_t F) {
@@ -559,7 +659,7 @@ __global__ void __launch_bounds__(kSparseWarps * 32)
   const int lane = threadIdx.x & 31;
   const int64_t row = split_row[s];
   const int64_t s0 = split_ptr[s], s1 = split_ptr[s + 1];
-  const bool has_dense = dpanel_ptr[(row >> 5) + 1] > dpanel_ptr[row >> 5];
+  const bool has_dense = dpanel_dense[row >> 5] != 0;
   const float dd = (diag != nullptr && row < n_diag) ? diag[row] * (cs != nullptr ? cs[row] : 1.f) : 0.f;
   const float r = rs != nullptr ? rs[row] : 1.f;
   for (int64_t f = lane; f < F; f += 32) {
@@ -578,18 +678,24 @@ const T* ptr_or_null(const at::Tensor& t) {
 }
 
 template <typename scalar_t, bool WEIGHTED, int MODE>
-void launch_dense(const DenseParams<scalar_t>& p, int64_t n_work, cudaStream_t stream) {
-  using Cfg = DenseCfg<scalar_t>;
+cudaError_t launch_dense(const DenseParams<scalar_t>& p, int64_t n_work, cudaStream_t stream) {
+  using Cfg = DenseCfg<scalar_t, WEIGHTED>;
+  auto kernel = ba_dense_kernel<scalar_t, WEIGHTED, MODE>;
+  if constexpr (Cfg::kSmemBytes > 48 * 1024) {  // above the default dynamic limit: opt in (per device)
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (e != cudaSuccess) return e;
+  }
   const int64_t chunks = (p.F + Cfg::FC - 1) / Cfg::FC;  // <= 65535: checked by block_adaptive_max_features
   const dim3 grid(static_cast<unsigned>(n_work), static_cast<unsigned>(chunks));
-  ba_dense_kernel<scalar_t, WEIGHTED, MODE><<<grid, 128, 0, stream>>>(p);
+  kernel<<<grid, 128, Cfg::kSmemBytes, stream>>>(p);
+  return cudaSuccess;
 }
 
 template <typename scalar_t, typename index_t>
 cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, const at::Tensor& partial,
                 bool tf32) {
-  const auto& [meta, dpanel_ptr, dwork, dtile_cp, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
-               item_row, item_slot, split_row, split_ptr, slot_row] = BlockPlan(plan);
+  const auto& [meta, dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
+               item_row, item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense] = BlockPlan(plan);
 
   const int64_t n_rows = a.n_rows, n_cols = a.x.size(0), F = a.x.size(1);
   const int64_t n_items = item_row.numel(), n_split = split_row.numel();
@@ -607,10 +713,11 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
   // 1. dense tiles
   const int64_t n_work = dwork.numel();
   if (n_work > 0) {
-    DenseParams<scalar_t> dp{dpanel_ptr.data_ptr<int>(),
+    DenseParams<scalar_t> dp{dblock_ptr.data_ptr<int>(),
                              dwork.data_ptr<int>(),
-                             dtile_cp.data_ptr<int>(),
+                             reinterpret_cast<const int4*>(dstage.data_ptr<int>()),
                              reinterpret_cast<const uint32_t*>(dtile_bits.data_ptr<int>()),
+                             reinterpret_cast<const uint32_t*>(dtile_frag.data_ptr<int>()),
                              weighted ? dtile_roff.data_ptr<int64_t>() : nullptr,
                              weighted ? ptr_or_null<int64_t>(dense_eid) : nullptr,
                              values,
@@ -621,15 +728,18 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
                              n_cols,
                              F,
                              vec};
+    cudaError_t e;
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (weighted) {
-        tf32 ? launch_dense<float, true, 0>(dp, n_work, stream) : launch_dense<float, true, 1>(dp, n_work, stream);
+        e = tf32 ? launch_dense<float, true, 0>(dp, n_work, stream) : launch_dense<float, true, 1>(dp, n_work, stream);
       } else {
-        tf32 ? launch_dense<float, false, 0>(dp, n_work, stream) : launch_dense<float, false, 1>(dp, n_work, stream);
+        e = tf32 ? launch_dense<float, false, 0>(dp, n_work, stream) : launch_dense<float, false, 1>(dp, n_work, stream);
       }
     } else {
-      weighted ? launch_dense<scalar_t, true, 0>(dp, n_work, stream) : launch_dense<scalar_t, false, 0>(dp, n_work, stream);
+      e = weighted ? launch_dense<scalar_t, true, 0>(dp, n_work, stream)
+                   : launch_dense<scalar_t, false, 0>(dp, n_work, stream);
     }
+    if (e != cudaSuccess) return e;
   }
 
   // 2. sparse remainder (+ diag, dense partial, row scale)
@@ -642,7 +752,7 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
                                        item_ptr.data_ptr<index_t>(),
                                        item_row.data_ptr<index_t>(),
                                        item_slot.data_ptr<int>(),
-                                       dpanel_ptr.data_ptr<int>(),
+                                       dpanel_dense.data_ptr<int>(),
                                        values,
                                        a.x.data_ptr<scalar_t>(),
                                        rs,
@@ -664,7 +774,7 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
     const int64_t blocks = (n_split + kSparseWarps - 1) / kSparseWarps;
     ba_combine_kernel<scalar_t><<<static_cast<unsigned>(blocks), kSparseWarps * 32, 0, stream>>>(
         split_row.data_ptr<int64_t>(), split_ptr.data_ptr<int>(), partial.data_ptr<float>(),
-        dpanel_ptr.data_ptr<int>(), a.x.data_ptr<scalar_t>(), rs, cs, diag, out.data_ptr<scalar_t>(), n_split,
+        dpanel_dense.data_ptr<int>(), a.x.data_ptr<scalar_t>(), rs, cs, diag, out.data_ptr<scalar_t>(), n_split,
         n_diag, F);
   }
   return cudaGetLastError();
@@ -680,7 +790,7 @@ cudaError_t run_index(const SpmmArgs& a, at::TensorList plan, const at::Tensor& 
 }  // namespace
 
 int64_t block_adaptive_max_features(at::ScalarType dtype) {
-  return 65535 * (dtype == at::kFloat ? DenseCfg<float>::FC : DenseCfg<at::Half>::FC);
+  return 65535 * (dtype == at::kFloat ? DenseCfg<float, false>::FC : DenseCfg<at::Half, false>::FC);
 }
 
 cudaError_t launch_block_adaptive_spmm(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out,
