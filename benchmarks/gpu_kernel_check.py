@@ -432,6 +432,7 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
 
 def bench_section(args):
     from fgplugin.datasets import community_graph
+    from fgplugin.reorder import inverse_permutation, reorder
 
     copy_tbps = measure_copy_bandwidth()
     log(f"[bench] copy bandwidth {copy_tbps:.2f} TB/s (read + write)")
@@ -458,13 +459,9 @@ def bench_section(args):
                     if order == "ideal":
                         perm = torch.argsort(g.community, stable=True)
                     else:
-                        from fgplugin.reorder import reorder
-
                         perm = reorder(ei, order, num_nodes=n)
                     torch.cuda.synchronize()
-                    inv = torch.empty_like(perm)
-                    inv[perm] = torch.arange(n, device=perm.device)
-                    ei_o = inv[ei]
+                    ei_o = inverse_permutation(perm)[ei]
                 reorder_s = time.time() - t0
                 t0 = time.time()
                 run = GraphRun(name, order, ei_o, n)

@@ -20,7 +20,7 @@ from gpu_kernel_check import GraphRun  # noqa: E402
 def main():
     from fgplugin.datasets import community_graph
     from fgplugin.kernel_plan import plan_for, plan_stats
-    from fgplugin.reorder import reorder
+    from fgplugin.reorder import inverse_permutation, reorder
 
     torch.backends.cuda.matmul.allow_tf32 = False
     op = torch.ops.fgplugin.spmm.default
@@ -28,11 +28,8 @@ def main():
         name, thresholds = spec.split(":")
         g = community_graph(name, device="cuda", num_features=0)
         n, ei = g.num_nodes, g.edge_index
-        perm = reorder(ei, "community", num_nodes=n)
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(n, device="cuda")
-        run = GraphRun(name, "community", inv[ei], n)
-        del g, ei, perm, inv
+        run = GraphRun(name, "community", inverse_permutation(reorder(ei, "community", num_nodes=n))[ei], n)
+        del g, ei
         x = torch.randn(n, 128, device="cuda")
         for thr in map(float, thresholds.split(",")):
             plan = plan_for(run.adj, threshold=thr, weighted=False)

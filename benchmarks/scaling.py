@@ -352,6 +352,7 @@ def _run_single(data, perm, label, args, device) -> dict:
 
     from fgplugin import TiledAdjacency
     from fgplugin.distributed import DistGCN, FullGraph
+    from fgplugin.reorder import inverse_permutation
 
     row = {"graph": data.name, "order": label, "impl": "fgplugin", "op": "epoch", "F": data.num_features,
            "hidden": HIDDEN.get(data.name, 128), "precision": "fp32", "gpus": 1, "scheme": "single",
@@ -361,9 +362,7 @@ def _run_single(data, perm, label, args, device) -> dict:
         base = _mem_reset(device)
         ei, x, y, train = data.edge_index, data.x, data.y, data.train_mask
         if perm is not None:
-            inv = torch.empty_like(perm)
-            inv[perm] = torch.arange(perm.numel(), device=perm.device)
-            ei, x, y, train = inv[ei], x[perm], y[perm], train[perm]
+            ei, x, y, train = inverse_permutation(perm)[ei], x[perm], y[perm], train[perm]
         graph = FullGraph(TiledAdjacency.from_edge_index(ei, data.num_nodes))
         del ei
         idx = train.nonzero().squeeze(1)

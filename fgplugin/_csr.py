@@ -28,6 +28,13 @@ def index_dtype_for(nnz: int, n_rows: int, n_cols: int) -> torch.dtype:
     return torch.int32 if max(nnz, n_rows + 1, n_cols) <= INT32_MAX else torch.int64
 
 
+def inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
+    """``inv`` with ``inv[perm[i]] = i``: maps old node ids to new ones for a new -> old ``perm``."""
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device, dtype=perm.dtype)
+    return inv
+
+
 def aux_dtype_for(x_dtype: torch.dtype) -> torch.dtype:
     """dtype of edge values and scales for features of ``x_dtype`` (the kernels' accumulation type)."""
     return torch.float64 if x_dtype == torch.float64 else torch.float32

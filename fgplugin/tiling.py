@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._csr import index_dtype_for, rows_of_edges, rowptr_from_sorted_rows
+from ._csr import index_dtype_for, inverse_permutation, rows_of_edges, rowptr_from_sorted_rows
 from .autotune import DEFAULT_THRESHOLD
 from .validation import check_csr, check_edge_index, check_edge_values, check_perm, check_tile_options
 
@@ -94,7 +94,7 @@ class TiledAdjacency:
         self.values = values
         self.edge_perm = edge_perm
         self.perm = perm
-        self.inv_perm = None if perm is None else _inverse_permutation(perm)
+        self.inv_perm = None if perm is None else inverse_permutation(perm)
         self.tiles = tiles if tiles is not None else build_tile_plan(rowptr, col, self.shape, tile_size, threshold)
         # Caches that depend on the structure only (transpose, degrees, self loops), shared with
         # the copies made by with_values(); and caches that depend on the values (normalizations).
@@ -360,12 +360,6 @@ class TiledAdjacency:
 
 def _threshold_text(threshold) -> str:
     return "auto (5% here)" if threshold == "auto" else f"{100 * threshold:.3g}%"
-
-
-def _inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(perm.numel(), device=perm.device, dtype=perm.dtype)
-    return inv
 
 
 def _resolve_size(edge_index, num_nodes, size) -> tuple[int, int]:

@@ -106,7 +106,7 @@ def reordered(problem: Problem, method: str, seed: int = 0, parts: int = 1) -> P
     ranges when > 1), with the tile plan built; ``reorder_s`` and ``plan_s`` record the two
     preprocessing times."""
     from fgplugin import TiledAdjacency
-    from fgplugin.reorder import reorder
+    from fgplugin.reorder import inverse_permutation, reorder
 
     sync = _sync(problem.x.device)
     sync()
@@ -114,9 +114,7 @@ def reordered(problem: Problem, method: str, seed: int = 0, parts: int = 1) -> P
     perm = reorder(problem.edge_index, method, num_nodes=problem.num_nodes, parts=parts, seed=seed)
     sync()
     reorder_s = time.perf_counter() - start
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(problem.num_nodes, device=perm.device)
-    edge_index = inv[problem.edge_index]
+    edge_index = inverse_permutation(perm)[problem.edge_index]
     start = time.perf_counter()
     adj = TiledAdjacency.from_edge_index(edge_index, problem.num_nodes, perm=perm)
     sync()

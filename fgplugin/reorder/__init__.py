@@ -10,6 +10,7 @@ import numbers
 
 import torch
 
+from .._csr import inverse_permutation
 from ._graph import SymGraph, as_edges, symmetrize
 from .blockwise import blockwise
 from .community import community
@@ -19,7 +20,7 @@ from .quality import tile_density
 from .rcm import rcm
 from .slashburn import slashburn
 
-__all__ = ["METHODS", "reorder", "tile_density"]
+__all__ = ["METHODS", "inverse_permutation", "reorder", "tile_density"]
 
 
 def _none(graph: SymGraph, *, seed: int = 0) -> torch.Tensor:
@@ -72,8 +73,7 @@ def reorder(
     Example:
         >>> perm = reorder(edge_index, num_nodes=n)            # community order
         >>> x_new = x[perm]
-        >>> inv = torch.empty_like(perm); inv[perm] = torch.arange(n)
-        >>> edge_index_new = inv[edge_index]
+        >>> edge_index_new = inverse_permutation(perm)[edge_index]
     """
     if method not in _ORDERINGS:
         raise ValueError(f"unknown reorder method {method!r}; expected one of {', '.join(METHODS)}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from .._csr import inverse_permutation
 from ._graph import as_edges, sorted_unique
 
 
@@ -34,9 +35,7 @@ def tile_density(
     if perm is not None:
         if perm.numel() != n:
             raise ValueError(f"perm has {perm.numel()} entries, the graph has {n} nodes")
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(n, device=perm.device)
-        inv = inv.to(row.device)
+        inv = inverse_permutation(perm).to(row.device)
         row, col = inv[row], inv[col]
     entries = sorted_unique(row * n + col)
     if entries.numel() == 0:
