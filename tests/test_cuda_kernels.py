@@ -197,25 +197,6 @@ def test_fresh_random_graphs(fresh_seed, mode, F):
 
 
 @requires_kernel
-@pytest.mark.parametrize("mode", ["fp32", "bf16"])
-@pytest.mark.parametrize("F,sparse_chunk", [(128, 32), (130, 32), (44, 32), (33, 8), (256, 64), (128, 1)])
-def test_feature_chunked_remainder(monkeypatch, fresh_seed, mode, F, sparse_chunk):
-    """The remainder pass split into feature chunks (grid rows; chosen automatically only for
-    graphs whose x outgrows half the L2, so forced here): uneven last chunks, the scalar path
-    (F % 4 != 0), hub rows split over several items, int64 indices, weights."""
-    monkeypatch.setenv("FGPLUGIN_SPARSE_CHUNK", str(sparse_chunk))
-    for k in range(2):
-        case = clustered_case(fresh_seed + k, weighted=k == 1, max_hub_edges=900)
-        adj = _adj(case, index_dtype=torch.int64 if k == 1 else None).to("cuda")
-        for threshold in (0.05, 1.0):
-            plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold, weighted=k == 1, chunk=32)
-            x, rs, cs, d = _inputs(case, F, DTYPE[mode], fresh_seed + k)
-            with precision(mode):
-                out = _run(adj, plan, x, rs, cs, d)
-            _check(case, out, x, rs, cs, d, TOL[mode], f"chunk={sparse_chunk} {mode} F={F} thr={threshold} k={k}")
-
-
-@requires_kernel
 def test_deterministic():
     case = clustered_case(5, n_src=3000, weighted=True, max_hub_edges=900)
     adj = _adj(case).to("cuda")

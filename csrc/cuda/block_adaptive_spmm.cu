@@ -39,9 +39,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "block_adaptive_spmm.cuh"
@@ -533,8 +531,7 @@ struct SparseParams {
   scalar_t* out;
   float* partial;
   int64_t n_items, n_diag, F;
-  int64_t fchunk;  // feature columns per grid row (blockIdx.y): see sparse_feature_chunk
-  int lanes;       // L: lanes per feature group (power of two <= 32)
+  int lanes;  // L: lanes per feature group (power of two <= 32)
   bool vec;
 };
 
@@ -555,12 +552,10 @@ __device__ __forceinline__ void sparse_item(const SparseParams<scalar_t, index_t
   using IO = VecIO<scalar_t, V>;
   const int L = p.lanes, G = 32 / L, grp = lane / L, sub = lane % L;
   const int64_t F = p.F;
-  const int64_t f_begin = static_cast<int64_t>(blockIdx.y) * p.fchunk;
-  const int64_t f_end = f_begin + p.fchunk < F ? f_begin + p.fchunk : F;
   const bool has_dense = p.dpanel_dense[row >> 5] != 0;
-  for (int64_t f0 = f_begin; f0 < f_end; f0 += static_cast<int64_t>(L) * V) {
+  for (int64_t f0 = 0; f0 < F; f0 += static_cast<int64_t>(L) * V) {
     const int64_t f = f0 + static_cast<int64_t>(sub) * V;
-    const bool active = f < f_end;
+    const bool active = f < F;
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = 0.f;
@@ -696,31 +691,6 @@ cudaError_t launch_dense(const DenseParams<scalar_t>& p, int64_t n_work, cudaStr
   return cudaSuccess;
 }
 
-// Feature columns per grid row of the remainder pass. Its gathers land on rows of x all over the
-// graph (the edges the reordering could not localize), so when x is larger than the L2 they mostly
-// miss it: ncu on reddit-like (x = 119 MB at F=128 fp32, L2 = 50 MB) gave a 49% hit rate with the
-// L2 95% busy. blockIdx.y is the slow grid index, so the chunks run one after the other and only
-// one chunk's slice of x (n_cols x fchunk) is live in the L2; the price is one more read of the
-// remainder's column ids per chunk. Chunks are whole 128-byte lines.
-int64_t sparse_feature_chunk(int64_t n_cols, int64_t F, int64_t elt, int V) {
-  const int64_t line = std::max<int64_t>(128 / elt, V);
-  int64_t chunk = F;
-  const char* env = std::getenv("FGPLUGIN_SPARSE_CHUNK");  // tuning and tests: columns, -1 = none
-  const int64_t forced = env != nullptr ? std::atoll(env) : 0;
-  if (forced > 0) {
-    chunk = (forced + V - 1) / V * V;
-  } else if (forced == 0) {
-    int dev = 0, l2 = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
-    const int64_t budget = static_cast<int64_t>(l2) / 2;  // the rest: column ids, out, dense tiles
-    if (n_cols * F * elt > budget) chunk = std::max(budget / (n_cols * elt) / line * line, line);
-  }
-  chunk = std::min(std::max(chunk, (F + 65534) / 65535), F);  // grid.y <= 65535
-  const int64_t n_chunks = (F + chunk - 1) / chunk;             // equal chunks: F=44 -> 24 + 20, not 32 + 12
-  return std::min(((F + n_chunks - 1) / n_chunks + V - 1) / V * V, F);
-}
-
 template <typename scalar_t, typename index_t>
 cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, const at::Tensor& partial,
                 bool tf32) {
@@ -774,8 +744,7 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
 
   // 2. sparse remainder (+ diag, dense partial, row scale)
   {
-    const int64_t fchunk = sparse_feature_chunk(n_cols, F, a.x.element_size(), vec ? V : 1);
-    const int64_t lanes_needed = vec ? (fchunk + V - 1) / V : fchunk;
+    const int64_t lanes_needed = vec ? (F + V - 1) / V : F;
     int lanes = 1;
     while (lanes < lanes_needed && lanes < 32) lanes <<= 1;
     SparseParams<scalar_t, index_t> sp{ptr_or_null<index_t>(rem_col),
@@ -794,12 +763,10 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
                                        n_items,
                                        n_diag,
                                        F,
-                                       fchunk,
                                        lanes,
                                        vec};
     const int64_t blocks = (n_items + kSparseWarps - 1) / kSparseWarps;
-    const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((F + fchunk - 1) / fchunk));
-    ba_sparse_kernel<scalar_t, index_t><<<grid, kSparseWarps * 32, 0, stream>>>(sp);
+    ba_sparse_kernel<scalar_t, index_t><<<static_cast<unsigned>(blocks), kSparseWarps * 32, 0, stream>>>(sp);
   }
 
   // 3. rows split over several items
