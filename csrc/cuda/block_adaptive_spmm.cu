@@ -26,7 +26,10 @@
 //    32 column ids and weights of a batch are loaded coalesced by the lanes and broadcast with
 //    shuffles; 4 rows are gathered before their FMAs. Groups are summed by xor-shuffles in a fixed
 //    order. A single-item row is finished in place: + diag term + dense partial (read back from
-//    out), times the row scale. Items of split rows write fp32 partials instead.
+//    out), times the row scale. Items of split rows write fp32 partials instead. The pass is bound
+//    by L2 throughput (ncu, reddit-like at 0.05: 93%, L1 hit rate 6%); feature chunks that keep
+//    x's slice in the L2 raised its hit rate from 54% to 84% but made it slower (the
+//    sparse_variants.json results).
 // 3. ba_combine_kernel: one warp per split row sums its partials in slot order and finishes it.
 //
 // Host code here only launches and reports errors as cudaError_t; the plan and arguments are
@@ -49,7 +52,12 @@ namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kStages = 3;
-constexpr int kSparseWarps = 8;
+// Warps per CTA of the remainder and combine passes. Rows differ in length, and a CTA keeps its
+// registers until its slowest warp is done; 4-warp CTAs refill the SMs at a finer grain than 8
+// (H100, community order: F=44 passes 2-7% faster, F=128 0-2%; 16 and 32 warps, meant to share
+// gathered rows in L1 between more neighbouring rows, were 5-20% slower:
+// benchmarks/results/h100/sparse_variants.json).
+constexpr int kSparseWarps = 4;
 
 // ------------------------------------------------------------------ small device helpers
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
