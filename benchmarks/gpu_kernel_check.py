@@ -12,7 +12,7 @@ Sections: ``status`` (extension build status, device), ``check`` (every plan pat
 against the float64 reference on the graph-case registry and fresh random graphs; gradients
 against the CPU op; determinism; exits 1 with a table when anything fails unless --keep-going),
 ``bench`` (forward ``A X`` and backward ``A^T G`` GCN-normalized SpMM on the synthetic community
-graphs in three orders; impls: fgplugin (threshold "auto"), fgplugin-t2/-t5/-t10 (fixed
+graphs in three orders, and on graphs of ../shared/data given by name in the first two; impls: fgplugin (threshold "auto"), fgplugin-t2/-t5/-t10 (fixed
 thresholds), fgplugin-nodense (threshold 1.0: every non-zero in the row-balanced CSR part),
 fgplugin-csr (empty plan: the simple CSR kernel), cusparse-cached (torch.sparse.mm on a CSR of
 A + I holding the normalized values, built once); precisions fp32 (TF32 off), tf32, bf16).
@@ -430,8 +430,21 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
     torch.cuda.empty_cache()
 
 
+def load_bench_graph(name):
+    """A synthetic preset (generated on the GPU) or a graph of ../shared/data (by name or path): an
+    object with ``num_nodes``, ``edge_index`` on the GPU and ``community`` (None for real graphs,
+    which then skip the "ideal" order)."""
+    from types import SimpleNamespace
+
+    from fgplugin.datasets import SUITE, community_graph, load_npz
+
+    if name in SUITE:
+        return community_graph(name, device="cuda", num_features=0)
+    g = load_npz(name, features=None)
+    return SimpleNamespace(num_nodes=g.num_nodes, edge_index=g.edge_index.cuda(), community=None)
+
+
 def bench_section(args):
-    from fgplugin.datasets import community_graph
     from fgplugin.reorder import inverse_permutation, reorder
 
     copy_tbps = measure_copy_bandwidth()
@@ -440,7 +453,7 @@ def bench_section(args):
     for name in args.graphs:
         t0 = time.time()
         try:
-            g = community_graph(name, device="cuda", num_features=0)
+            g = load_bench_graph(name)
         except Exception as error:  # noqa: BLE001
             log(f"[bench] {name}: generation failed: {error}")
             rows.append({"graph": name, "order": "original", "impl": "-", "op": "-", "ms_median": None,
@@ -451,6 +464,8 @@ def bench_section(args):
         n, ei = g.num_nodes, g.edge_index
         log(f"[bench] {name}: {n:,} nodes, {ei.shape[1]:,} edges, generated in {gen_s:.1f} s")
         for order in args.orders:
+            if order == "ideal" and g.community is None:
+                continue  # a real graph: no generator communities to sort by
             t0 = time.time()
             try:
                 if order == "original":
