@@ -17,14 +17,7 @@ How the plan is made (format: csrc/cuda/block_adaptive_spmm.cuh, ``PLAN_VERSION`
 3. Tiles are grouped by row block (``BLOCK_PANELS`` row panels of 32 rows) and column panel: one
    such group is a *stage*, whose 32 rows of X the kernel loads once for all its tiles. Blocks
    with stages are listed most tiles first (longest job first).
-4. Unweighted graphs, threshold < 1: the sparse entries of a (row block, column panel) join its
-   stage as per-row bitmaps (*staged sparse tiles*, summed from shared memory with FMAs) when the
-   stage exists for dense tiles anyway or when they number at least ``stage_min``. The remainder
-   pass is bound by L2 throughput (one X row gathered per entry); on community-ordered graphs the
-   entries of a 128-row block share columns, so staging the panel once reads fewer rows
-   (proteins-like at threshold 0.1: stages with >= 32 entries hold 57% of the remainder, 91 entries
-   each on average, against 32 staged rows).
-5. The remainder keeps CSR order; each row is cut into work items of at most ``chunk`` entries,
+4. The remainder keeps CSR order; each row is cut into work items of at most ``chunk`` entries,
    so a hub row is spread over several warps; rows with several items are summed by a second
    pass in a fixed order (deterministic, no atomics).
 """
@@ -37,11 +30,10 @@ import torch
 from . import _extension
 from ._csr import rows_of_edges
 
-PLAN_VERSION = 3
+PLAN_VERSION = 2
 KERNEL_TILE = 32
 BLOCK_PANELS = 4  # row panels per block of the dense kernel (kBlockPanels in the .cuh)
 DEFAULT_CHUNK = 256  # remainder non-zeros per work item (one warp)
-STAGE_MIN = 32  # sparse entries that make a (block, column panel) a stage of its own (0: never)
 _PLAN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # FGPLUGIN_BLOCK_ADAPTIVE=0 keeps every CUDA call on the simple CSR kernel (read once, at import).
 ENABLED = os.environ.get("FGPLUGIN_BLOCK_ADAPTIVE", "1") != "0"
@@ -120,20 +112,17 @@ def _structure(adj, transpose: bool):
 def plan_stats(plan) -> dict:
     """Sizes of a plan (for benchmarks and reprs)."""
     if not plan:
-        return {"dense_tiles": 0, "dense_nnz": 0, "rem_nnz": 0, "items": 0, "split_rows": 0, "staged_sparse_tiles": 0,
-                "staged_sparse_nnz": 0}
+        return {"dense_tiles": 0, "dense_nnz": 0, "rem_nnz": 0, "items": 0, "split_rows": 0}
     table = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.long, device=plan[4].device)
     dense_nnz = int(table[plan[4].view(torch.uint8).long()].sum())
     return {"dense_tiles": plan[4].numel() // 32, "dense_nnz": dense_nnz, "rem_nnz": plan[7].numel(),
             "items": plan[10].numel(), "split_rows": plan[12].numel(), "stages": plan[3].numel() // 4,
-            "panels_with_tiles": int(plan[16].sum()), "staged_sparse_tiles": plan[17].numel() // 32,
-            "staged_sparse_nnz": int(table[plan[17].view(torch.uint8).long()].sum())}
+            "panels_with_tiles": int(plan[16].sum())}
 
 
 @torch.no_grad()
 def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], *, tile_size: int = 32,
-               threshold: float = 0.05, weighted: bool = False, chunk: int = DEFAULT_CHUNK,
-               stage_min: int = STAGE_MIN) -> list[torch.Tensor]:
+               threshold: float = 0.05, weighted: bool = False, chunk: int = DEFAULT_CHUNK) -> list[torch.Tensor]:
     """The block-adaptive plan of the CSR ``(rowptr, col)`` of ``shape`` (see the module doc)."""
     device, idx = col.device, rowptr.dtype
     n_rows, n_cols = int(shape[0]), int(shape[1])
@@ -158,9 +147,19 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
 
     # 2. dense entries -> 32 x 32 bitmaps, ordered by (block, column panel, panel, row, col)
     d_idx = dense_edge.nonzero().squeeze(1)
-    full, d_idx = _unique_tile_entries(rows[d_idx], cols[d_idx], d_idx, ncp)
-    dense_edge.zero_()
-    dense_edge[d_idx] = True  # a repeated (row, col) entry cannot share a bitmap bit: remainder
+    dr, dc = rows[d_idx], cols[d_idx]
+    full = (((dr >> 7) * ncp + (dc >> 5)) << 12) + (((dr >> 5) & 3) << 10) + ((dr & 31) << 5) + (dc & 31)
+    del dr, dc
+    full, order = torch.sort(full, stable=True)
+    d_idx = d_idx[order]
+    del order
+    if full.numel() > 1:
+        dup = torch.zeros(full.numel(), dtype=torch.bool, device=device)
+        torch.eq(full[1:], full[:-1], out=dup[1:])
+        if bool(dup.any()):  # a repeated (row, col) entry cannot share a bitmap bit: remainder
+            dense_edge[d_idx[dup]] = False
+            full, d_idx = full[~dup], d_idx[~dup]
+        del dup
     tile_key = full >> 10  # (block * ncp + column panel) * 4 + panel within the block
     utile, tcounts = torch.unique_consecutive(tile_key, return_counts=True)
     del tile_key
@@ -176,55 +175,23 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
     fbit = (r32 >> 4) * 16 + (c32 >> 3) * 4 + ((r32 >> 3) & 1) + ((c32 >> 2) & 1) * 2
     dtile_frag = _words(tile_of * 32 + lane, fbit, n_tiles)
     del lane, fbit, c32
-
-    # 3. staged sparse tiles: sparse entries of (block, column panel)s that are stages anyway or
-    # hold >= stage_min of them, as 32-word row bitmaps ordered like the dense tiles
-    dense_stage = torch.unique_consecutive(utile >> 2)
-    s_idx = torch.empty(0, **long)
-    if not weighted and threshold < 1.0 and stage_min > 0 and nnz:
-        s_idx = (~dense_edge).nonzero().squeeze(1)
-        skey = (rows[s_idx] >> 7) * ncp + (cols[s_idx] >> 5)
-        ukey, inverse, counts = torch.unique(skey, return_inverse=True, return_counts=True)
-        staged_key = (counts >= stage_min) | torch.isin(ukey, dense_stage)
-        s_idx = s_idx[staged_key[inverse]]
-        del skey, ukey, inverse, counts, staged_key
-    sfull, s_idx = _unique_tile_entries(rows[s_idx], cols[s_idx], s_idx, ncp)
-    staged_edge = dense_edge.clone()
-    staged_edge[s_idx] = True
-    del s_idx
-    ustile, stcounts = torch.unique_consecutive(sfull >> 10, return_counts=True)
-    n_stiles = ustile.numel()
-    stile_of = torch.repeat_interleave(torch.arange(n_stiles, **long), stcounts, output_size=sfull.numel())
-    dsparse_bits = _words(stile_of * 32 + ((sfull >> 5) & 31), sfull & 31, n_stiles)
-    del sfull, stile_of, stcounts
-
-    # 4. stages: the (block, column panel)s of either kind of tile. Mask bit q (4 + q) = panel q
-    # of the block has a dense (staged sparse) tile there; the first dense and first sparse tile
-    # of each stage locate the others (tiles of a stage are in panel order).
-    ustage = torch.unique(torch.cat([utile >> 2, ustile >> 2]))
+    # stages: tiles of one (block, column panel); mask bit q = panel q of the block has a tile
+    ustage, scounts = torch.unique_consecutive(utile >> 2, return_counts=True)
     n_stages = ustage.numel()
-    d_stage_of = torch.searchsorted(ustage, utile >> 2)
-    s_stage_of = torch.searchsorted(ustage, ustile >> 2)
-    mask = torch.zeros(n_stages, **long).index_add_(0, d_stage_of, 1 << (utile & 3))
-    mask.index_add_(0, s_stage_of, 1 << (4 + (ustile & 3)))
-    first = torch.full((n_stages,), n_tiles, **long).scatter_reduce_(
-        0, d_stage_of, torch.arange(n_tiles, **long), "amin")
-    sfirst = torch.full((n_stages,), n_stiles, **long).scatter_reduce_(
-        0, s_stage_of, torch.arange(n_stiles, **long), "amin")
-    dstage = torch.stack([ustage % ncp, mask, first, sfirst], 1).to(torch.int32).reshape(-1)
+    stage_of = torch.repeat_interleave(torch.arange(n_stages, **long), scounts, output_size=n_tiles)
+    mask = torch.zeros(n_stages, **long).index_add_(0, stage_of, 1 << (utile & 3))
+    first = torch.cumsum(scounts, 0) - scounts
+    dstage = torch.stack([ustage % ncp, mask, first, torch.zeros_like(first)], 1).to(torch.int32).reshape(-1)
     n_blocks = -(-n_panels // BLOCK_PANELS)
     block_of_stage = ustage // ncp
     dblock_ptr = torch.searchsorted(block_of_stage, torch.arange(n_blocks + 1, **long)).to(torch.int32)
-    tiles_per_block = torch.zeros(n_blocks, **long).index_add_(0, (utile >> 2) // ncp, torch.ones_like(utile))
-    tiles_per_block.index_add_(0, (ustile >> 2) // ncp, torch.ones_like(ustile))
+    tiles_per_block = torch.zeros(n_blocks, **long).index_add_(0, block_of_stage, scounts)
     has_tiles = (tiles_per_block > 0).nonzero().squeeze(1)
     lpt = torch.argsort(tiles_per_block[has_tiles], descending=True, stable=True)
     dwork = has_tiles[lpt].to(torch.int32)
     dpanel_dense = torch.zeros(n_panels, dtype=torch.int32, device=device)
     dpanel_dense[(utile >> 2) // ncp * BLOCK_PANELS + (utile & 3)] = 1
-    dpanel_dense[(ustile >> 2) // ncp * BLOCK_PANELS + (ustile & 3)] = 1
-    del ustage, d_stage_of, s_stage_of, mask, first, sfirst, block_of_stage, tiles_per_block, has_tiles, lpt
-    del utile, ustile, dense_stage
+    del ustage, scounts, stage_of, mask, first, block_of_stage, tiles_per_block, has_tiles, lpt, utile
     if weighted:
         word = tile_of * 32 + r32
         row_counts = torch.zeros(n_tiles * 32, **long).index_add_(0, word, torch.ones_like(word))
@@ -236,9 +203,9 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
         dense_eid = torch.empty(0, **long)
     del tile_of, r32, within, d_idx
 
-    # 5. remainder in CSR order, rows cut into work items of <= chunk entries
-    rem_pos = (~staged_edge).nonzero().squeeze(1)
-    del dense_edge, staged_edge
+    # 4. remainder in CSR order, rows cut into work items of <= chunk entries
+    rem_pos = (~dense_edge).nonzero().squeeze(1)
+    del dense_edge
     rem_col = col[rem_pos].contiguous()
     rem_eid = rem_pos.to(idx) if weighted else torch.empty(0, dtype=idx, device=device)
     m = torch.bincount(rows[rem_pos], minlength=n_rows) if rem_pos.numel() else torch.zeros(n_rows, **long)
@@ -259,21 +226,7 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
     slot_row = item_row[item_split].to(torch.int32)
     meta = torch.tensor([PLAN_VERSION, KERNEL_TILE, int(weighted), chunk], **long)
     return [meta, dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
-            item_row.to(idx), item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense, dsparse_bits]
-
-
-def _unique_tile_entries(r: torch.Tensor, c: torch.Tensor, idx: torch.Tensor, ncp: int):
-    """Entries (r, c) with CSR positions ``idx`` sorted by (block, column panel, panel, row, col)
-    as the key ``(((r >> 7) * ncp + (c >> 5)) << 12) + panel << 10 + row << 5 + col``, keeping the
-    first of repeated (r, c) pairs: ``(key, idx)``."""
-    key = (((r >> 7) * ncp + (c >> 5)) << 12) + (((r >> 5) & 3) << 10) + ((r & 31) << 5) + (c & 31)
-    key, order = torch.sort(key, stable=True)
-    idx = idx[order]
-    if key.numel() > 1:
-        keep = torch.ones(key.numel(), dtype=torch.bool, device=key.device)
-        torch.ne(key[1:], key[:-1], out=keep[1:])
-        key, idx = key[keep], idx[keep]
-    return key, idx
+            item_row.to(idx), item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense]
 
 
 def _words(word: torch.Tensor, bit: torch.Tensor, n_tiles: int) -> torch.Tensor:

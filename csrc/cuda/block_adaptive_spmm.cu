@@ -226,8 +226,7 @@ struct DenseCfg {
   // 16-bit bitmaps; unused when weighted), the panel mask, and when weighted the A values per panel.
   static constexpr int kXBytes = 32 * XSTRIDE * static_cast<int>(sizeof(smem_t));
   static constexpr int kAVFloats = WEIGHTED ? kBlockPanels * 32 * ASTRIDE : 0;
-  static constexpr int kSWords = WEIGHTED ? 0 : kBlockPanels * 32;  // staged sparse bitmaps
-  static constexpr int kStageBytes = kXBytes + 4 * (32 + kBlockPanels * 32 + kSWords + 4 + kAVFloats);
+  static constexpr int kStageBytes = kXBytes + 4 * (32 + kBlockPanels * 32 + 4 + kAVFloats);
   static constexpr int kSmemBytes = kStages * kStageBytes;
 };
 
@@ -238,7 +237,6 @@ struct DenseParams {
   const int4* dstage;
   const uint32_t* dtile_bits;
   const uint32_t* dtile_frag;
-  const uint32_t* dsparse_bits;
   const int64_t* dtile_roff;
   const int64_t* dense_eid;
   const float* values;
@@ -255,17 +253,15 @@ struct DenseStage {
   using Cfg = DenseCfg<scalar_t, WEIGHTED>;
   typename Cfg::smem_t* x;
   float* cs;
-  uint32_t* words;   // [kBlockPanels][32]
-  uint32_t* swords;  // [kBlockPanels][32] staged sparse bitmaps (unit weights)
+  uint32_t* words;  // [kBlockPanels][32]
   int* mask;
-  float* av;         // [kBlockPanels][32 * ASTRIDE]
+  float* av;        // [kBlockPanels][32 * ASTRIDE]
   __device__ DenseStage(unsigned char* base, int s) {
     unsigned char* p = base + s * Cfg::kStageBytes;
     x = reinterpret_cast<typename Cfg::smem_t*>(p);
     cs = reinterpret_cast<float*>(p + Cfg::kXBytes);
     words = reinterpret_cast<uint32_t*>(cs + 32);
-    swords = words + kBlockPanels * 32;
-    mask = reinterpret_cast<int*>(swords + Cfg::kSWords);
+    mask = reinterpret_cast<int*>(words + kBlockPanels * 32);
     av = reinterpret_cast<float*>(mask + 4);
   }
 };
@@ -301,8 +297,8 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
   auto load_stage = [&](int s, const int4 meta) {
     const DenseStage<scalar_t, WEIGHTED> S(smem_raw, s);
     const int64_t j0 = static_cast<int64_t>(meta.x) * 32;
-    const int mask = meta.y & 15, smask = meta.y >> 4;
-    used_panels |= mask | smask;
+    const int mask = meta.y;
+    used_panels |= mask;
     if (tid < 32) {
       const int64_t j = j0 + tid;
       const bool ok = j < p.n_cols;
@@ -311,17 +307,13 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
       } else {
         S.cs[tid] = ok ? 1.f : 0.f;
       }
-      if (tid == 0) *S.mask = meta.y;
+      if (tid == 0) *S.mask = mask;
     }
     if constexpr (!WEIGHTED) {
       const int q = tid >> 5;  // 128 threads = one word of each of the 4 panels' tiles
       if ((mask >> q) & 1) {
         const int64_t t = meta.z + __popc(mask & ((1 << q) - 1));
         cp_async4(&S.words[tid], (kFrag ? p.dtile_frag : p.dtile_bits) + t * 32 + lane, true);
-      }
-      if ((smask >> q) & 1) {
-        const int64_t t = meta.w + __popc(smask & ((1 << q) - 1));
-        cp_async4(&S.swords[tid], p.dsparse_bits + t * 32 + lane, true);
       }
     }
     if (p.vec) {
@@ -383,44 +375,7 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
 
     const DenseStage<scalar_t, WEIGHTED> S(smem_raw, i % kStages);
     const smem_t* X = S.x;
-    const int mask = *S.mask & 15, smask = *S.mask >> 4;
-
-    // Staged sparse tiles: each lane adds X rows (scaled) to the accumulators it owns in the
-    // m16n8 C layout (rows 16 m + g + 8 h, columns 8 n + 2 t4 + {0, 1} of the warp's WN).
-    if constexpr (!WEIGHTED) {
-#pragma unroll
-      for (int q = 0; q < kBlockPanels; ++q) {
-        if (!((smask >> q) & 1)) continue;  // the same in the whole CTA
-#pragma unroll
-        for (int mm = 0; mm < 2; ++mm)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t w = S.swords[q * 32 + mm * 16 + h * 8 + g];
-            while (w != 0u) {
-              const int c = __ffs(w) - 1;
-              w &= w - 1u;
-              const float cs = S.cs[c];
-#pragma unroll
-              for (int n = 0; n < NT; ++n) {
-                float x0, x1;
-                const smem_t* xp = X + c * XS + warp * WN + n * 8 + 2 * t4;
-                if constexpr (Cfg::kFp32) {
-                  const float2 v = *reinterpret_cast<const float2*>(xp);
-                  x0 = v.x;
-                  x1 = v.y;
-                } else {
-                  constexpr bool kBF = std::is_same_v<scalar_t, at::BFloat16>;
-                  const uint32_t v = *reinterpret_cast<const uint32_t*>(xp);
-                  x0 = lo16_to_float(v, kBF);
-                  x1 = hi16_to_float(v, kBF);
-                }
-                acc[2 * q + mm][n][2 * h] = fmaf(x0, cs, acc[2 * q + mm][n][2 * h]);
-                acc[2 * q + mm][n][2 * h + 1] = fmaf(x1, cs, acc[2 * q + mm][n][2 * h + 1]);
-              }
-            }
-          }
-      }
-    }
+    const int mask = *S.mask;
 
     if constexpr (Cfg::kFp32) {
       uint32_t fw[kBlockPanels];
@@ -748,8 +703,7 @@ template <typename scalar_t, typename index_t>
 cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, const at::Tensor& partial,
                 bool tf32) {
   const auto& [meta, dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
-               item_row, item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense, dsparse_bits] =
-      BlockPlan(plan);
+               item_row, item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense] = BlockPlan(plan);
 
   const int64_t n_rows = a.n_rows, n_cols = a.x.size(0), F = a.x.size(1);
   const int64_t n_items = item_row.numel(), n_split = split_row.numel();
@@ -772,7 +726,6 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
                              reinterpret_cast<const int4*>(dstage.data_ptr<int>()),
                              reinterpret_cast<const uint32_t*>(dtile_bits.data_ptr<int>()),
                              reinterpret_cast<const uint32_t*>(dtile_frag.data_ptr<int>()),
-                             reinterpret_cast<const uint32_t*>(ptr_or_null<int>(dsparse_bits)),
                              weighted ? dtile_roff.data_ptr<int64_t>() : nullptr,
                              weighted ? ptr_or_null<int64_t>(dense_eid) : nullptr,
                              values,

@@ -10,10 +10,8 @@
 //                                       rows) = [ptr[b], ptr[b+1])
 //   2 dwork        int32[n_work]        blocks with >= 1 stage, most dense tiles first (LPT order)
 //   3 dstage       int32[n_stages * 4]  one stage = one column panel (32 columns) of one block that
-//                                       holds >= 1 dense or staged sparse tile: (column panel, panel
-//                                       mask: bit q (4 + q) = row panel q of the block has a dense
-//                                       (staged sparse) tile there, first dense tile, first staged
-//                                       sparse tile)
+//                                       holds >= 1 dense tile: (column panel, panel mask: bit q = row
+//                                       panel q of the block has a tile there, first tile, 0)
 //   4 dtile_bits   int32[n_tiles * 32]  bitmap: bit k of word r = entry (r, k) of the tile; tiles in
 //                                       (block, column panel, row panel) order: the tile of row
 //                                       panel q of a stage is first + popcount(mask & ((1 << q) - 1))
@@ -35,11 +33,8 @@
 //                                       word l = lane l (g = l / 4, t = l % 4); bit 16 m + 4 ks + j
 //                                       = entry (16 m + g + 8 (j & 1), 8 ks + t + 4 (j >> 1)), so a
 //                                       lane reads its 32 TF32 A values of a tile from one word
-//  16 dpanel_dense int32[n_panels]      1 where the row panel holds dense or staged sparse tiles (its
-//                                       raw partial is in `out` when the remainder pass runs)
-//  17 dsparse_bits int32[n_stiles * 32] staged sparse tiles (unit weights only; else empty): bitmaps
-//                                       as dtile_bits, in the same (block, column panel, panel)
-//                                       order; their entries are not in the remainder
+//  16 dpanel_dense int32[n_panels]      1 where the row panel holds dense tiles (its raw dense
+//                                       partial is in `out` when the remainder pass runs)
 //
 // A TF32/bf16/fp16 run is chosen from x's dtype and at::globalContext().allowTF32CuBLAS().
 #pragma once
@@ -51,19 +46,18 @@
 
 namespace fgplugin {
 
-constexpr int64_t kPlanVersion = 3;
-constexpr int kPlanLength = 18;
+constexpr int64_t kPlanVersion = 2;
+constexpr int kPlanLength = 17;
 constexpr int kBlockPanels = 4;  // row panels of 32 per block of the dense kernel
 
 // The plan's tensors by name (indices as in the table above); `plan` must hold kPlanLength tensors.
 struct BlockPlan {
   const at::Tensor &meta, &dblock_ptr, &dwork, &dstage, &dtile_bits, &dtile_roff, &dense_eid, &rem_col, &rem_eid,
-      &item_ptr, &item_row, &item_slot, &split_row, &split_ptr, &slot_row, &dtile_frag, &dpanel_dense, &dsparse_bits;
+      &item_ptr, &item_row, &item_slot, &split_row, &split_ptr, &slot_row, &dtile_frag, &dpanel_dense;
   explicit BlockPlan(at::TensorList p)
       : meta(p[0]), dblock_ptr(p[1]), dwork(p[2]), dstage(p[3]), dtile_bits(p[4]), dtile_roff(p[5]),
         dense_eid(p[6]), rem_col(p[7]), rem_eid(p[8]), item_ptr(p[9]), item_row(p[10]), item_slot(p[11]),
-        split_row(p[12]), split_ptr(p[13]), slot_row(p[14]), dtile_frag(p[15]), dpanel_dense(p[16]),
-        dsparse_bits(p[17]) {}
+        split_row(p[12]), split_ptr(p[13]), slot_row(p[14]), dtile_frag(p[15]), dpanel_dense(p[16]) {}
 };
 
 // Checks that `plan` fits the arguments (block_adaptive_plan.cpp); throws with a clear message.
