@@ -527,14 +527,13 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
 // ------------------------------------------------------------------ 1b. staged sparse tiles
 // One CTA of 8 warps = one row block (128 rows) x kStagedCols columns of F. A stage is a column
 // panel where the block holds >= stage_min remainder entries: the CTA stages X[cp*32 : cp*32+32,
-// f0 : f0+64] once (cp.async, kStagedBufs-deep) and each warp adds, for its 16 rows (panel
+// f0 : f0+128] once (cp.async, double buffered) and each warp adds, for its 16 rows (panel
 // warp / 2, half warp % 2), the staged rows its bitmap words name. Lane l owns columns
-// [2l, 2l + 2), so a warp walks one row's bits together (no divergence). Runs after the dense
-// kernel: it adds to the raw dense partial where the panel has one (dpanel_dense bit 0) and
-// writes its own raw partial otherwise.
+// [4l, 4l + 4), so a warp walks one row's bits together (no divergence) and reads 16 contiguous
+// bytes per lane. Runs after the dense kernel: it adds to the raw dense partial where the panel
+// has one (dpanel_dense bit 0) and writes its own raw partial otherwise.
 constexpr int kStagedWarps = 8;
-constexpr int kStagedCols = 64;
-constexpr int kStagedBufs = 3;
+constexpr int kStagedCols = 128;
 
 template <typename scalar_t>
 struct StagedParams {
@@ -550,36 +549,35 @@ struct StagedParams {
   bool vec;
 };
 
-// 2 consecutive elements <-> 2 floats (8 bytes of fp32, 4 of 16-bit; aligned by the caller).
+// 4 consecutive elements <-> 4 floats (16 bytes of fp32, 8 of 16-bit; aligned by the caller).
 template <typename scalar_t>
-__device__ __forceinline__ void load2(const scalar_t* p, float (&v)[2]) {
+__device__ __forceinline__ void load4(const scalar_t* p, float (&v)[4]) {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    const float2 q = *reinterpret_cast<const float2*>(p);
-    v[0] = q.x;
-    v[1] = q.y;
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
   } else {
     constexpr bool bf = std::is_same_v<scalar_t, at::BFloat16>;
-    const uint32_t q = *reinterpret_cast<const uint32_t*>(p);
-    v[0] = lo16_to_float(q, bf);
-    v[1] = hi16_to_float(q, bf);
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    v[0] = lo16_to_float(q.x, bf); v[1] = hi16_to_float(q.x, bf);
+    v[2] = lo16_to_float(q.y, bf); v[3] = hi16_to_float(q.y, bf);
   }
 }
 template <typename scalar_t>
-__device__ __forceinline__ void store2(scalar_t* p, const float (&v)[2]) {
+__device__ __forceinline__ void store4(scalar_t* p, const float (&v)[4]) {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
   } else {
-    *reinterpret_cast<uint32_t*>(p) = pack2<std::is_same_v<scalar_t, at::BFloat16>>(v[0], v[1]);
+    constexpr bool bf = std::is_same_v<scalar_t, at::BFloat16>;
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack2<bf>(v[0], v[1]), pack2<bf>(v[2], v[3]));
   }
 }
 
 template <typename scalar_t>
-__global__ void __launch_bounds__(kStagedWarps * 32, 3) ba_staged_kernel(const StagedParams<scalar_t> p) {
+__global__ void __launch_bounds__(kStagedWarps * 32, 2) ba_staged_kernel(const StagedParams<scalar_t> p) {
   constexpr int FC = kStagedCols, EPC = 16 / sizeof(scalar_t), CPR = FC / EPC, NT = kStagedWarps * 32;
-  constexpr int NB = kStagedBufs;
-  __shared__ __align__(16) unsigned char xbuf[NB][32 * FC * sizeof(scalar_t)];
-  __shared__ float css[NB][32];
-  __shared__ uint32_t words[NB][kBlockPanels * 32];
+  __shared__ __align__(16) unsigned char xbuf[2][32 * FC * sizeof(scalar_t)];
+  __shared__ float css[2][32];
+  __shared__ uint32_t words[2][kBlockPanels * 32];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int q = warp >> 1, half = warp & 1;
@@ -627,22 +625,21 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 3) ba_staged_kernel(const S
     }
   };
 
-  float acc[16][2];
+  float acc[16][4];
 #pragma unroll
-  for (int r = 0; r < 16; ++r) acc[r][0] = acc[r][1] = 0.f;
+  for (int r = 0; r < 16; ++r)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc[r][k] = 0.f;
 
-#pragma unroll
-  for (int s = 0; s < NB - 1; ++s) {
-    if (s < ns) load(s, __ldg(p.sstage + s0 + s));
-    cp_async_commit();
-  }
+  if (ns > 0) load(0, __ldg(p.sstage + s0));
+  cp_async_commit();
   for (int i = 0; i < ns; ++i) {
-    const int buf = i % NB;
+    const int buf = i & 1;
     const int mask = __ldg(p.sstage + s0 + i).y;
-    cp_async_wait<NB - 2>();
-    __syncthreads();  // stage i landed for everyone; buffer (i - 1) % NB is free again
-    if (i + NB - 1 < ns) load((i + NB - 1) % NB, __ldg(p.sstage + s0 + i + NB - 1));
+    if (i + 1 < ns) load(buf ^ 1, __ldg(p.sstage + s0 + i + 1));
     cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();  // stage i landed for everyone
     if ((mask >> q) & 1) {
       const scalar_t* X = reinterpret_cast<const scalar_t*>(xbuf[buf]);
 #pragma unroll
@@ -652,17 +649,18 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 3) ba_staged_kernel(const S
           const int c = __ffs(w) - 1;
           w &= w - 1u;
           const float cv = css[buf][c];
-          float xv[2];
-          load2(X + c * FC + lane * 2, xv);
-          acc[r][0] = fmaf(xv[0], cv, acc[r][0]);
-          acc[r][1] = fmaf(xv[1], cv, acc[r][1]);
+          float xv[4];
+          load4(X + c * FC + lane * 4, xv);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) acc[r][k] = fmaf(xv[k], cv, acc[r][k]);
         }
       }
     }
+    __syncthreads();  // buffer `buf` is refilled in the next iteration
   }
 
   if (!((used >> q) & 1)) return;
-  const int64_t f = f0 + lane * 2;
+  const int64_t f = f0 + lane * 4;
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     const int64_t row = block * (32 * kBlockPanels) + q * 32 + half * 16 + r;
@@ -670,14 +668,18 @@ __global__ void __launch_bounds__(kStagedWarps * 32, 3) ba_staged_kernel(const S
     const bool add = (p.dpanel[row >> 5] & 1) != 0;
     scalar_t* o = p.out + row * p.F + f;
     if (p.vec) {
-      float v[2] = {0.f, 0.f};
-      if (add) load2(o, v);
-      v[0] += acc[r][0];
-      v[1] += acc[r][1];
-      store2(o, v);
+      float v[4];
+      if (add) {
+        load4(o, v);
+      } else {
+        v[0] = v[1] = v[2] = v[3] = 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] += acc[r][k];
+      store4(o, v);
     } else {
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
+      for (int k = 0; k < 4; ++k) {
         if (f + k < p.F) o[k] = from_float<scalar_t>(acc[r][k] + (add ? to_float(o[k]) : 0.f));
       }
     }
