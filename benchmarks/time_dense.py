@@ -1,14 +1,11 @@
 #!/usr/bin/env python
 """Forward SpMM per threshold and precision on community order, next to cuSPARSE (issue 3 A/B runs).
 
-    python benchmarks/time_dense.py reddit-like,products-like 0.02,0.05,0.1 [STAGE_MINS]
-                                                         # writes $OUT/time_dense.json
+    python benchmarks/time_dense.py reddit-like,products-like 0.02,0.05,0.1    # writes $OUT/time_dense.json
 
-Used to compare kernel variants built from the working tree (the rows record plan sizes and the
-error against float64 on 512 sampled rows). STAGE_MINS: values of build_plan's ``stage_min``
-(default: kernel_plan.STAGE_MIN; 0 = no staged sparse tiles).
+Used to compare dense-kernel variants built from the working tree (the rows record plan sizes and
+the error against float64 on 512 sampled rows).
 """
-import itertools
 import json
 import os
 import sys
@@ -23,7 +20,7 @@ from gpu_kernel_check import GraphRun, sample_reference, time_fn  # noqa: E402
 
 def main():
     from fgplugin.datasets import community_graph
-    from fgplugin.kernel_plan import STAGE_MIN, build_plan, plan_stats
+    from fgplugin.kernel_plan import plan_for, plan_stats
     from fgplugin.reorder import inverse_permutation, reorder
 
     op = torch.ops.fgplugin.spmm.default
@@ -42,10 +39,9 @@ def main():
         print(f"{name} cusparse community fp32 {ms:.3f} ms", flush=True)
         rows.append(dict(graph=name, impl="cusparse-cached", prec="fp32", ms=ms))
         run._cusparse = None
-        stage_mins = [int(k) for k in sys.argv[3].split(",")] if len(sys.argv) > 3 else [STAGE_MIN]
-        for thr, stage_min in itertools.product((float(t) for t in sys.argv[2].split(",")), stage_mins):
+        for thr in (float(t) for t in sys.argv[2].split(",")):
             t0 = time.time()
-            plan = build_plan(run.adj.rowptr, run.adj.col, run.adj.shape, threshold=thr, stage_min=stage_min)
+            plan = plan_for(run.adj, threshold=thr, weighted=False)
             stats = plan_stats(plan)
             for prec, x in (("fp32", x32), ("bf16", x32.bfloat16())):
                 fn = lambda v: op(run.adj.rowptr, run.adj.col, None, v, run.r, run.c, run.d,  # noqa: E731
@@ -53,10 +49,11 @@ def main():
                 got = fn(x)[sample].double()
                 err = float((got - ref).norm() / ref.norm())
                 ms = time_fn(fn, [x], 20)[0]
-                print(f"{name} thr {thr} stage_min {stage_min} {prec} {ms:.3f} ms err {err:.2e} "
-                      f"plan {time.time() - t0:.2f}s {stats}", flush=True)
-                rows.append(dict(graph=name, impl="fgplugin", prec=prec, threshold=thr, stage_min=stage_min, ms=ms,
-                                 rel_err=err, **stats))
+                print(f"{name} thr {thr} {prec} {ms:.3f} ms err {err:.2e} plan {time.time() - t0:.2f}s {stats}",
+                      flush=True)
+                rows.append(dict(graph=name, impl="fgplugin", prec=prec, threshold=thr, ms=ms, rel_err=err, **stats))
+            for key in [k for k in run.adj._shared if isinstance(k, tuple) and k and k[0] == "kernel_plan"]:
+                del run.adj._shared[key]
             del plan
             torch.cuda.empty_cache()
         del run

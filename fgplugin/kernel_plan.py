@@ -17,13 +17,7 @@ How the plan is made (format: csrc/cuda/block_adaptive_spmm.cuh, ``PLAN_VERSION`
 3. Tiles are grouped by row block (``BLOCK_PANELS`` row panels of 32 rows) and column panel: one
    such group is a *stage*, whose 32 rows of X the kernel loads once for all its tiles. Blocks
    with stages are listed most tiles first (longest job first).
-4. Unweighted graphs, threshold < 1: a (row block, column panel) holding at least ``stage_min``
-   remainder entries becomes a *staged sparse* stage: its entries, as per-row bitmaps, are summed
-   from one staged copy of the 32 X rows by a kernel of their own (ba_staged_kernel) instead of
-   being gathered one X row per entry by the remainder pass, which is bound by L2 throughput. On
-   community-ordered graphs such entries share columns (proteins-like at threshold 0.1: stages
-   with >= 32 entries hold 57% of the remainder, 91 entries each on average, against 32 rows).
-5. The remainder keeps CSR order; each row is cut into work items of at most ``chunk`` entries,
+4. The remainder keeps CSR order; each row is cut into work items of at most ``chunk`` entries,
    so a hub row is spread over several warps; rows with several items are summed by a second
    pass in a fixed order (deterministic, no atomics).
 """
@@ -36,11 +30,10 @@ import torch
 from . import _extension
 from ._csr import rows_of_edges
 
-PLAN_VERSION = 3
+PLAN_VERSION = 2
 KERNEL_TILE = 32
 BLOCK_PANELS = 4  # row panels per block of the dense kernel (kBlockPanels in the .cuh)
 DEFAULT_CHUNK = 256  # remainder non-zeros per work item (one warp)
-STAGE_MIN = 32  # remainder entries that make a (block, column panel) a staged sparse stage (0: none)
 _PLAN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # FGPLUGIN_BLOCK_ADAPTIVE=0 keeps every CUDA call on the simple CSR kernel (read once, at import).
 ENABLED = os.environ.get("FGPLUGIN_BLOCK_ADAPTIVE", "1") != "0"
@@ -119,20 +112,17 @@ def _structure(adj, transpose: bool):
 def plan_stats(plan) -> dict:
     """Sizes of a plan (for benchmarks and reprs)."""
     if not plan:
-        return {"dense_tiles": 0, "dense_nnz": 0, "rem_nnz": 0, "items": 0, "split_rows": 0, "staged_sparse_stages": 0,
-                "staged_sparse_nnz": 0}
+        return {"dense_tiles": 0, "dense_nnz": 0, "rem_nnz": 0, "items": 0, "split_rows": 0}
     table = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.long, device=plan[4].device)
     dense_nnz = int(table[plan[4].view(torch.uint8).long()].sum())
     return {"dense_tiles": plan[4].numel() // 32, "dense_nnz": dense_nnz, "rem_nnz": plan[7].numel(),
             "items": plan[10].numel(), "split_rows": plan[12].numel(), "stages": plan[3].numel() // 4,
-            "panels_with_tiles": int((plan[16] & 1).sum()), "staged_sparse_stages": plan[19].numel() // 4,
-            "staged_sparse_nnz": int(table[plan[20].view(torch.uint8).long()].sum())}
+            "panels_with_tiles": int(plan[16].sum())}
 
 
 @torch.no_grad()
 def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], *, tile_size: int = 32,
-               threshold: float = 0.05, weighted: bool = False, chunk: int = DEFAULT_CHUNK,
-               stage_min: int = STAGE_MIN) -> list[torch.Tensor]:
+               threshold: float = 0.05, weighted: bool = False, chunk: int = DEFAULT_CHUNK) -> list[torch.Tensor]:
     """The block-adaptive plan of the CSR ``(rowptr, col)`` of ``shape`` (see the module doc)."""
     device, idx = col.device, rowptr.dtype
     n_rows, n_cols = int(shape[0]), int(shape[1])
@@ -157,9 +147,19 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
 
     # 2. dense entries -> 32 x 32 bitmaps, ordered by (block, column panel, panel, row, col)
     d_idx = dense_edge.nonzero().squeeze(1)
-    full, d_idx = _tile_order(rows[d_idx], cols[d_idx], d_idx, ncp)
-    dense_edge.zero_()
-    dense_edge[d_idx] = True  # repeated (row, col) entries beyond the first: remainder
+    dr, dc = rows[d_idx], cols[d_idx]
+    full = (((dr >> 7) * ncp + (dc >> 5)) << 12) + (((dr >> 5) & 3) << 10) + ((dr & 31) << 5) + (dc & 31)
+    del dr, dc
+    full, order = torch.sort(full, stable=True)
+    d_idx = d_idx[order]
+    del order
+    if full.numel() > 1:
+        dup = torch.zeros(full.numel(), dtype=torch.bool, device=device)
+        torch.eq(full[1:], full[:-1], out=dup[1:])
+        if bool(dup.any()):  # a repeated (row, col) entry cannot share a bitmap bit: remainder
+            dense_edge[d_idx[dup]] = False
+            full, d_idx = full[~dup], d_idx[~dup]
+        del dup
     tile_key = full >> 10  # (block * ncp + column panel) * 4 + panel within the block
     utile, tcounts = torch.unique_consecutive(tile_key, return_counts=True)
     del tile_key
@@ -203,36 +203,7 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
         dense_eid = torch.empty(0, **long)
     del tile_of, r32, within, d_idx
 
-    # 4. staged sparse stages: (block, column panel)s with >= stage_min remainder entries, their
-    # entries as 32-word row bitmaps per panel, ordered like the dense tiles
-    s_idx = torch.empty(0, **long)
-    if not weighted and threshold < 1.0 and stage_min > 0 and nnz:
-        s_idx = (~dense_edge).nonzero().squeeze(1)
-        _, inverse, counts = torch.unique((rows[s_idx] >> 7) * ncp + (cols[s_idx] >> 5), return_inverse=True,
-                                          return_counts=True)
-        s_idx = s_idx[(counts >= stage_min)[inverse]]
-        del inverse, counts
-    sfull, s_idx = _tile_order(rows[s_idx], cols[s_idx], s_idx, ncp)
-    dense_edge[s_idx] = True  # not in the remainder any more
-    del s_idx
-    ustile, stcounts = torch.unique_consecutive(sfull >> 10, return_counts=True)
-    n_stiles = ustile.numel()
-    stile_of = torch.repeat_interleave(torch.arange(n_stiles, **long), stcounts, output_size=sfull.numel())
-    dsparse_bits = _words(stile_of * 32 + ((sfull >> 5) & 31), sfull & 31, n_stiles)
-    del sfull, stile_of
-    usst, sscounts = torch.unique_consecutive(ustile >> 2, return_counts=True)
-    smask = torch.zeros(usst.numel(), **long).index_add_(
-        0, torch.repeat_interleave(torch.arange(usst.numel(), **long), sscounts, output_size=n_stiles), 1 << (ustile & 3))
-    sstage = torch.stack([usst % ncp, smask, torch.cumsum(sscounts, 0) - sscounts, torch.zeros_like(smask)], 1)
-    sstage = sstage.to(torch.int32).reshape(-1)
-    sblock_ptr = torch.searchsorted(usst // ncp, torch.arange(n_blocks + 1, **long)).to(torch.int32)
-    entries_per_block = torch.zeros(n_blocks, **long).index_add_(0, (ustile >> 2) // ncp, stcounts)
-    has_stages = (entries_per_block > 0).nonzero().squeeze(1)
-    swork = has_stages[torch.argsort(entries_per_block[has_stages], descending=True, stable=True)].to(torch.int32)
-    dpanel_dense[(ustile >> 2) // ncp * BLOCK_PANELS + (ustile & 3)] |= 2
-    del ustile, stcounts, usst, sscounts, smask, entries_per_block, has_stages
-
-    # 5. remainder in CSR order, rows cut into work items of <= chunk entries
+    # 4. remainder in CSR order, rows cut into work items of <= chunk entries
     rem_pos = (~dense_edge).nonzero().squeeze(1)
     del dense_edge
     rem_col = col[rem_pos].contiguous()
@@ -255,22 +226,7 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
     slot_row = item_row[item_split].to(torch.int32)
     meta = torch.tensor([PLAN_VERSION, KERNEL_TILE, int(weighted), chunk], **long)
     return [meta, dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
-            item_row.to(idx), item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense, sblock_ptr, swork,
-            sstage, dsparse_bits]
-
-
-def _tile_order(r: torch.Tensor, c: torch.Tensor, idx: torch.Tensor, ncp: int):
-    """Entries (r, c) at CSR positions ``idx``, sorted by the key (block, column panel, panel, row,
-    col) = ``(((r >> 7) * ncp + (c >> 5)) << 12) + (panel << 10) + (row << 5) + col``; of repeated
-    (r, c) pairs only the first is kept (a bitmap bit holds one entry): ``(key, idx)``."""
-    key = (((r >> 7) * ncp + (c >> 5)) << 12) + (((r >> 5) & 3) << 10) + ((r & 31) << 5) + (c & 31)
-    key, order = torch.sort(key, stable=True)
-    idx = idx[order]
-    if key.numel() > 1:
-        keep = torch.ones(key.numel(), dtype=torch.bool, device=key.device)
-        torch.ne(key[1:], key[:-1], out=keep[1:])
-        key, idx = key[keep], idx[keep]
-    return key, idx
+            item_row.to(idx), item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense]
 
 
 def _words(word: torch.Tensor, bit: torch.Tensor, n_tiles: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import fgplugin
-from fgplugin.kernel_plan import build_plan, kernel_plans, plan_for, plan_stats
+from fgplugin.kernel_plan import build_plan, kernel_plans, plan_for
 from fgplugin.tiling import TiledAdjacency
 
 from fgplugin.testing import clustered_case, dense_spmm, graph_cases, rel_error
@@ -78,7 +78,7 @@ def _check(case, out, x, rs, cs, d, tol, what):
 # --------------------------------------------------------------------------- CPU: plan semantics
 def _emulate(plan, adj, x, rs, cs, d):
     (_, dblock_ptr, _, dstage, bits, roff, deid, rem_col, rem_eid, item_ptr, item_row, _, _, _, _, frag,
-     panel_dense, sblock_ptr, swork, sstage, sparse_bits) = [t.cpu() for t in plan]
+     panel_dense) = [t.cpu() for t in plan]
     values = None if adj.values is None else adj.values.double().cpu()
     n_rows, n_cols = adj.shape
     xc = x.double() * (cs.double()[:, None] if cs is not None else 1.0)
@@ -106,25 +106,7 @@ def _emulate(plan, adj, x, rs, cs, d):
                             v = 1.0 if values is None else float(values[int(deid[int(roff[t * 32 + r]) + k])])
                             k += 1
                             out[p * 32 + r] += v * xc[cp * 32 + b]
-    assert (panel_dense & 1).nonzero().squeeze(1).tolist() == sorted(panels_seen)
-    # staged sparse stages: plain bitmaps, unit weights
-    sstage, staged_panels = sstage.view(-1, 4), set()
-    assert sorted(swork.tolist()) == [b for b in range(sblock_ptr.numel() - 1) if sblock_ptr[b + 1] > sblock_ptr[b]]
-    assert sstage.shape[0] == 0 or values is None, "staged sparse tiles are for unit weights only"
-    for blk in range(sblock_ptr.numel() - 1):
-        for s in range(int(sblock_ptr[blk]), int(sblock_ptr[blk + 1])):
-            cp, smask, sfirst, _ = (int(v) for v in sstage[s])
-            assert 0 < smask < 16
-            for q in range(4):
-                if (smask >> q) & 1:
-                    t = sfirst + bin(smask & ((1 << q) - 1)).count("1")
-                    staged_panels.add(blk * 4 + q)
-                    for r in range(32):
-                        w = int(sparse_bits[t * 32 + r]) & 0xFFFFFFFF
-                        for b in range(32):
-                            if (w >> b) & 1:
-                                out[(blk * 4 + q) * 32 + r] += xc[cp * 32 + b]
-    assert (panel_dense & 2).nonzero().squeeze(1).tolist() == sorted(staged_panels)
+    assert panel_dense.nonzero().squeeze(1).tolist() == sorted(panels_seen)
     for it in range(item_row.numel()):
         for e in range(int(item_ptr[it]), int(item_ptr[it + 1])):
             v = 1.0 if values is None else float(values[int(rem_eid[e])])
@@ -137,16 +119,11 @@ def _emulate(plan, adj, x, rs, cs, d):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("tile_size,threshold,chunk", [(32, 0.05, 16), (16, 0.02, 5), (64, 0.08, 256), (32, 1.0, 3),
                                                        (32, 0.0, 7)])
-@pytest.mark.parametrize("stage_min", [0, 3, 32])
-def test_plan_semantics_cpu(seed, tile_size, threshold, chunk, stage_min):
+def test_plan_semantics_cpu(seed, tile_size, threshold, chunk):
     case = clustered_case(seed, weighted=seed % 2 == 1, n_dst=None if seed != 2 else 90, max_hub_edges=900)
     adj = _adj(case, index_dtype=torch.int64 if seed == 1 else None)
     plan = build_plan(adj.rowptr, adj.col, adj.shape, tile_size=tile_size, threshold=threshold,
-                      weighted=case.edge_weight is not None, chunk=chunk, stage_min=stage_min)
-    stats = plan_stats(plan)
-    assert stats["dense_nnz"] + stats["staged_sparse_nnz"] + stats["rem_nnz"] == adj.nnz
-    if stage_min == 3 and threshold < 1.0 and case.edge_weight is None:
-        assert stats["staged_sparse_nnz"] > 0  # the clustered cases have sparse entries to stage
+                      weighted=case.edge_weight is not None, chunk=chunk)
     x, rs, cs, d = _inputs(case, 3, torch.float64, seed, device="cpu")
     err = rel_error(_emulate(plan, adj, x, rs, cs, d), dense_spmm(case.dense(), x, rs, cs, d))
     assert err < 1e-12
@@ -211,9 +188,8 @@ def test_fresh_random_graphs(fresh_seed, mode, F):
         case = clustered_case(seed, n_src=200 if rect else None, n_dst=137 if rect else None, weighted=k == 2,
                               max_hub_edges=900)
         adj = _adj(case, index_dtype=torch.int64 if k == 2 else None).to("cuda")
-        for threshold, stage_min in ((0.02, 32), (0.05, 3), (0.10, 0)):
-            plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold, weighted=case.edge_weight is not None,
-                              chunk=32, stage_min=stage_min)
+        for threshold in (0.02, 0.05, 0.10):
+            plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold, weighted=case.edge_weight is not None, chunk=32)
             x, rs, cs, d = _inputs(case, F, DTYPE[mode], seed)
             with precision(mode):
                 out = _run(adj, plan, x, rs, cs, d)

@@ -14,23 +14,18 @@ void check_block_plan(const SpmmArgs& a, at::TensorList plan) {
               " is too wide for the block-adaptive kernel; split the features into chunks of at most ",
               num(block_adaptive_max_features(a.x.scalar_type())));
   const auto& [meta, dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
-               item_row, item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense, sblock_ptr, swork, sstage,
-               dsparse_bits] = BlockPlan(plan);
+               item_row, item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense] = BlockPlan(plan);
   const int64_t n_rows = a.n_rows, n_items = item_row.numel(), n_split = split_row.numel();
   const int64_t n_panels = (n_rows + 31) / 32;
   TORCH_CHECK(dblock_ptr.numel() == (n_panels + kBlockPanels - 1) / kBlockPanels + 1 &&
                   dpanel_dense.numel() == n_panels && item_ptr.numel() == n_items + 1 &&
                   item_slot.numel() == n_items && n_items >= n_rows && dstage.numel() % 4 == 0 &&
-                  dtile_frag.numel() == dtile_bits.numel() && split_ptr.numel() == n_split + 1 &&
-                  sblock_ptr.numel() == dblock_ptr.numel() && sstage.numel() % 4 == 0 &&
-                  dsparse_bits.numel() % 32 == 0,
+                  dtile_frag.numel() == dtile_bits.numel() && split_ptr.numel() == n_split + 1,
               "fgplugin.spmm: the kernel plan does not match this adjacency (", num(n_rows),
               " rows); rebuild it with fgplugin.kernel_plan.kernel_plans");
   TORCH_CHECK(dblock_ptr.scalar_type() == at::kInt && dwork.scalar_type() == at::kInt &&
                   dstage.scalar_type() == at::kInt && dtile_bits.scalar_type() == at::kInt &&
                   dtile_frag.scalar_type() == at::kInt && dpanel_dense.scalar_type() == at::kInt &&
-                  sblock_ptr.scalar_type() == at::kInt && swork.scalar_type() == at::kInt &&
-                  sstage.scalar_type() == at::kInt && dsparse_bits.scalar_type() == at::kInt &&
                   item_slot.scalar_type() == at::kInt && split_ptr.scalar_type() == at::kInt &&
                   split_row.scalar_type() == at::kLong && rem_col.scalar_type() == a.rowptr.scalar_type() &&
                   item_ptr.scalar_type() == a.rowptr.scalar_type() && item_row.scalar_type() == a.rowptr.scalar_type(),
@@ -38,7 +33,7 @@ void check_block_plan(const SpmmArgs& a, at::TensorList plan) {
   if (a.values.has_value()) {
     TORCH_CHECK(rem_eid.numel() == rem_col.numel() && dtile_roff.numel() == dtile_bits.numel() &&
                     dtile_roff.scalar_type() == at::kLong && dense_eid.scalar_type() == at::kLong &&
-                    rem_eid.scalar_type() == a.rowptr.scalar_type() && swork.numel() == 0,
+                    rem_eid.scalar_type() == a.rowptr.scalar_type(),
                 "fgplugin.spmm: this kernel plan was built for unit weights but edge values were given; "
                 "build it with weighted=True (fgplugin.spmm does this for you)");
   }

@@ -1,5 +1,5 @@
 // Block-adaptive SpMM (issue 3): out = diag(r) (A + diag(d)) diag(c) x over a plan built by
-// fgplugin/kernel_plan.py (format in block_adaptive_spmm.cuh). Up to four launches on the current stream,
+// fgplugin/kernel_plan.py (format in block_adaptive_spmm.cuh). Three launches on the current stream,
 // no atomics, so results are bitwise deterministic:
 //
 // 1. ba_dense_kernel: one CTA of 4 warps per (row block of 4 row panels = 128 rows with dense
@@ -19,8 +19,6 @@
 //      bf16 / fp16: m16n8k16 with B fragments by ldmatrix.trans, fp32 accumulation.
 //    It writes the raw dense partial (no scales) of the block's panels with tiles into out (in x's
 //    dtype).
-//    ba_staged_kernel then adds the staged sparse tiles: remainder entries of (row block, column
-//    panel)s that hold >= stage_min of them, summed from one staged copy of the 32 X rows.
 // 2. ba_sparse_kernel: one warp per work item (a chunk of <= `chunk` remainder entries of one row;
 //    hub rows are split into several items). The warp is cut into 32/L groups of L lanes; lane
 //    sub-index s covers features [s*V, s*V+V) with 16-byte vector loads (V = 4 fp32, 8 bf16/fp16;
@@ -524,168 +522,6 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
   }
 }
 
-// ------------------------------------------------------------------ 1b. staged sparse tiles
-// One CTA of 8 warps = one row block (128 rows) x kStagedCols columns of F. A stage is a column
-// panel where the block holds >= stage_min remainder entries: the CTA stages X[cp*32 : cp*32+32,
-// f0 : f0+128] once (cp.async, double buffered) and each warp adds, for its 16 rows (panel
-// warp / 2, half warp % 2), the staged rows its bitmap words name. Lane l owns columns
-// [4l, 4l + 4), so a warp walks one row's bits together (no divergence) and reads 16 contiguous
-// bytes per lane. Runs after the dense kernel: it adds to the raw dense partial where the panel
-// has one (dpanel_dense bit 0) and writes its own raw partial otherwise.
-constexpr int kStagedWarps = 8;
-constexpr int kStagedCols = 128;
-
-template <typename scalar_t>
-struct StagedParams {
-  const int* sblock_ptr;
-  const int* swork;
-  const int4* sstage;
-  const uint32_t* bits;
-  const int* dpanel;
-  const scalar_t* x;
-  const float* cs;
-  scalar_t* out;
-  int64_t n_rows, n_cols, F;
-  bool vec;
-};
-
-// 4 consecutive elements <-> 4 floats (16 bytes of fp32, 8 of 16-bit; aligned by the caller).
-template <typename scalar_t>
-__device__ __forceinline__ void load4(const scalar_t* p, float (&v)[4]) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
-  } else {
-    constexpr bool bf = std::is_same_v<scalar_t, at::BFloat16>;
-    const uint2 q = *reinterpret_cast<const uint2*>(p);
-    v[0] = lo16_to_float(q.x, bf); v[1] = hi16_to_float(q.x, bf);
-    v[2] = lo16_to_float(q.y, bf); v[3] = hi16_to_float(q.y, bf);
-  }
-}
-template <typename scalar_t>
-__device__ __forceinline__ void store4(scalar_t* p, const float (&v)[4]) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  } else {
-    constexpr bool bf = std::is_same_v<scalar_t, at::BFloat16>;
-    *reinterpret_cast<uint2*>(p) = make_uint2(pack2<bf>(v[0], v[1]), pack2<bf>(v[2], v[3]));
-  }
-}
-
-template <typename scalar_t>
-__global__ void __launch_bounds__(kStagedWarps * 32, 2) ba_staged_kernel(const StagedParams<scalar_t> p) {
-  constexpr int FC = kStagedCols, EPC = 16 / sizeof(scalar_t), CPR = FC / EPC, NT = kStagedWarps * 32;
-  __shared__ __align__(16) unsigned char xbuf[2][32 * FC * sizeof(scalar_t)];
-  __shared__ float css[2][32];
-  __shared__ uint32_t words[2][kBlockPanels * 32];
-
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int q = warp >> 1, half = warp & 1;
-  const int64_t block = p.swork[blockIdx.x];
-  const int64_t f0 = static_cast<int64_t>(blockIdx.y) * FC;
-  const int s0 = p.sblock_ptr[block], ns = p.sblock_ptr[block + 1] - s0;
-  int used = 0;  // union of the stage masks (the same in every thread)
-
-  auto load = [&](int buf, const int4 m) {
-    scalar_t* X = reinterpret_cast<scalar_t*>(xbuf[buf]);
-    const int64_t j0 = static_cast<int64_t>(m.x) * 32;
-    used |= m.y;
-    if (p.vec) {
-#pragma unroll
-      for (int c = tid; c < 32 * CPR; c += NT) {
-        const int r = c / CPR, k = c % CPR;
-        const int64_t j = j0 + r, f = f0 + k * EPC;
-        const bool ok = j < p.n_cols && f < p.F;
-        cp_async16(X + r * FC + k * EPC, ok ? p.x + j * p.F + f : p.x, ok);
-      }
-    } else {
-      for (int c = tid; c < 32 * FC; c += NT) {
-        const int r = c / FC, k = c % FC;
-        const int64_t j = j0 + r, f = f0 + k;
-        X[r * FC + k] = (j < p.n_cols && f < p.F) ? p.x[j * p.F + f] : scalar_t(0);
-      }
-    }
-    if (tid < 32) {
-      const int64_t j = j0 + tid;
-      const bool ok = j < p.n_cols;
-      if (p.cs != nullptr) {
-        cp_async4(&css[buf][tid], p.cs + (ok ? j : 0), ok);
-      } else {
-        css[buf][tid] = ok ? 1.f : 0.f;
-      }
-    }
-    if (tid < kBlockPanels * 32) {
-      const int qq = tid >> 5;
-      if ((m.y >> qq) & 1) {
-        const int64_t t = m.z + __popc(m.y & ((1 << qq) - 1));
-        cp_async4(&words[buf][tid], p.bits + t * 32 + lane, true);
-      } else {
-        words[buf][tid] = 0u;
-      }
-    }
-  };
-
-  float acc[16][4];
-#pragma unroll
-  for (int r = 0; r < 16; ++r)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) acc[r][k] = 0.f;
-
-  if (ns > 0) load(0, __ldg(p.sstage + s0));
-  cp_async_commit();
-  for (int i = 0; i < ns; ++i) {
-    const int buf = i & 1;
-    const int mask = __ldg(p.sstage + s0 + i).y;
-    if (i + 1 < ns) load(buf ^ 1, __ldg(p.sstage + s0 + i + 1));
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();  // stage i landed for everyone
-    if ((mask >> q) & 1) {
-      const scalar_t* X = reinterpret_cast<const scalar_t*>(xbuf[buf]);
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        uint32_t w = words[buf][q * 32 + half * 16 + r];
-        while (w != 0u) {  // the same in the whole warp
-          const int c = __ffs(w) - 1;
-          w &= w - 1u;
-          const float cv = css[buf][c];
-          float xv[4];
-          load4(X + c * FC + lane * 4, xv);
-#pragma unroll
-          for (int k = 0; k < 4; ++k) acc[r][k] = fmaf(xv[k], cv, acc[r][k]);
-        }
-      }
-    }
-    __syncthreads();  // buffer `buf` is refilled in the next iteration
-  }
-
-  if (!((used >> q) & 1)) return;
-  const int64_t f = f0 + lane * 4;
-#pragma unroll
-  for (int r = 0; r < 16; ++r) {
-    const int64_t row = block * (32 * kBlockPanels) + q * 32 + half * 16 + r;
-    if (row >= p.n_rows || f >= p.F) break;
-    const bool add = (p.dpanel[row >> 5] & 1) != 0;
-    scalar_t* o = p.out + row * p.F + f;
-    if (p.vec) {
-      float v[4];
-      if (add) {
-        load4(o, v);
-      } else {
-        v[0] = v[1] = v[2] = v[3] = 0.f;
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] += acc[r][k];
-      store4(o, v);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if (f + k < p.F) o[k] = from_float<scalar_t>(acc[r][k] + (add ? to_float(o[k]) : 0.f));
-      }
-    }
-  }
-}
-
 // ------------------------------------------------------------------ 2. sparse remainder
 template <typename scalar_t, typename index_t>
 struct SparseParams {
@@ -867,8 +703,7 @@ template <typename scalar_t, typename index_t>
 cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, const at::Tensor& partial,
                 bool tf32) {
   const auto& [meta, dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
-               item_row, item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense, sblock_ptr, swork, sstage,
-               dsparse_bits] = BlockPlan(plan);
+               item_row, item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense] = BlockPlan(plan);
 
   const int64_t n_rows = a.n_rows, n_cols = a.x.size(0), F = a.x.size(1);
   const int64_t n_items = item_row.numel(), n_split = split_row.numel();
@@ -913,24 +748,6 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
                    : launch_dense<scalar_t, false, 0>(dp, n_work, stream);
     }
     if (e != cudaSuccess) return e;
-  }
-
-  // 1b. staged sparse tiles (after the dense kernel: they add to its partial)
-  if (swork.numel() > 0) {
-    const StagedParams<scalar_t> stp{sblock_ptr.data_ptr<int>(),
-                                     swork.data_ptr<int>(),
-                                     reinterpret_cast<const int4*>(sstage.data_ptr<int>()),
-                                     reinterpret_cast<const uint32_t*>(dsparse_bits.data_ptr<int>()),
-                                     dpanel_dense.data_ptr<int>(),
-                                     a.x.data_ptr<scalar_t>(),
-                                     cs,
-                                     out.data_ptr<scalar_t>(),
-                                     n_rows,
-                                     n_cols,
-                                     F,
-                                     vec};
-    const dim3 grid(static_cast<unsigned>(swork.numel()), static_cast<unsigned>((F + kStagedCols - 1) / kStagedCols));
-    ba_staged_kernel<scalar_t><<<grid, kStagedWarps * 32, 0, stream>>>(stp);
   }
 
   // 2. sparse remainder (+ diag, dense partial, row scale)

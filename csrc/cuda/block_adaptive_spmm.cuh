@@ -33,14 +33,8 @@
 //                                       word l = lane l (g = l / 4, t = l % 4); bit 16 m + 4 ks + j
 //                                       = entry (16 m + g + 8 (j & 1), 8 ks + t + 4 (j >> 1)), so a
 //                                       lane reads its 32 TF32 A values of a tile from one word
-//  16 dpanel_dense int32[n_panels]      bit 0: the row panel holds dense tiles, bit 1: staged sparse
-//                                       tiles (their raw partial is in `out` when the remainder pass
-//                                       runs; the staged kernel adds to the dense one)
-//  17 sblock_ptr   int32[n_blocks + 1]  staged sparse stages of row block b = [ptr[b], ptr[b+1])
-//  18 swork        int32[n_swork]       blocks with staged sparse stages, most entries first
-//  19 sstage       int32[n_sstages * 4] (column panel, panel mask, first staged sparse tile, 0)
-//  20 dsparse_bits int32[n_stiles * 32] staged sparse tiles' bitmaps, laid out as dtile_bits; empty
-//                                       for weighted plans. Their entries are not in the remainder.
+//  16 dpanel_dense int32[n_panels]      1 where the row panel holds dense tiles (its raw dense
+//                                       partial is in `out` when the remainder pass runs)
 //
 // A TF32/bf16/fp16 run is chosen from x's dtype and at::globalContext().allowTF32CuBLAS().
 #pragma once
@@ -52,20 +46,18 @@
 
 namespace fgplugin {
 
-constexpr int64_t kPlanVersion = 3;
-constexpr int kPlanLength = 21;
+constexpr int64_t kPlanVersion = 2;
+constexpr int kPlanLength = 17;
 constexpr int kBlockPanels = 4;  // row panels of 32 per block of the dense kernel
 
 // The plan's tensors by name (indices as in the table above); `plan` must hold kPlanLength tensors.
 struct BlockPlan {
   const at::Tensor &meta, &dblock_ptr, &dwork, &dstage, &dtile_bits, &dtile_roff, &dense_eid, &rem_col, &rem_eid,
-      &item_ptr, &item_row, &item_slot, &split_row, &split_ptr, &slot_row, &dtile_frag, &dpanel_dense, &sblock_ptr,
-      &swork, &sstage, &dsparse_bits;
+      &item_ptr, &item_row, &item_slot, &split_row, &split_ptr, &slot_row, &dtile_frag, &dpanel_dense;
   explicit BlockPlan(at::TensorList p)
       : meta(p[0]), dblock_ptr(p[1]), dwork(p[2]), dstage(p[3]), dtile_bits(p[4]), dtile_roff(p[5]),
         dense_eid(p[6]), rem_col(p[7]), rem_eid(p[8]), item_ptr(p[9]), item_row(p[10]), item_slot(p[11]),
-        split_row(p[12]), split_ptr(p[13]), slot_row(p[14]), dtile_frag(p[15]), dpanel_dense(p[16]),
-        sblock_ptr(p[17]), swork(p[18]), sstage(p[19]), dsparse_bits(p[20]) {}
+        split_row(p[12]), split_ptr(p[13]), slot_row(p[14]), dtile_frag(p[15]), dpanel_dense(p[16]) {}
 };
 
 // Checks that `plan` fits the arguments (block_adaptive_plan.cpp); throws with a clear message.
