@@ -108,10 +108,10 @@ def _call_spmm(*inputs):
 
 def _input_grads(inputs, grad, need):
     """(grad_values, grad_x, grad_r, grad_c, grad_d) of the op called with ``inputs`` for the
-    output gradient ``grad``; ``need`` says which (``None`` for the others)."""
+    output gradient ``grad``; ``need`` says which (``None`` for the others). Its products are
+    differentiable (``_call_spmm``), so double backward works."""
     rowptr, col, values, x, r, c, d, t_rowptr, t_col, t_values, plan, t_plan = inputs
     need_values, need_x, need_r, need_c, need_d = need
-    spmm_op = _call_spmm  # differentiable, so double backward works
     aux = aux_dtype_for(x.dtype)
     grad_values = grad_x = grad_r = grad_c = grad_d = None
     if need_x or need_c:
@@ -119,17 +119,17 @@ def _input_grads(inputs, grad, need):
             raise RuntimeError("fgplugin.spmm: the backward pass needs the transpose plan; call fgplugin.spmm(adj, x) "
                                "instead of torch.ops.fgplugin.spmm so that it is passed")
         if need_c:
-            z = spmm_op(t_rowptr, t_col, t_values, grad, None, r, d, rowptr, col, values, t_plan, plan)
+            z = _call_spmm(t_rowptr, t_col, t_values, grad, None, r, d, rowptr, col, values, t_plan, plan)
             grad_c = (z.to(aux) * x.to(aux)).sum(dim=1)
             grad_x = z * c.to(z.dtype).unsqueeze(1) if need_x else None
         else:
-            grad_x = spmm_op(t_rowptr, t_col, t_values, grad, c, r, d, rowptr, col, values, t_plan, plan)
+            grad_x = _call_spmm(t_rowptr, t_col, t_values, grad, c, r, d, rowptr, col, values, t_plan, plan)
     if need_values:
         g_scaled = grad.to(aux) if r is None else grad.to(aux) * r.unsqueeze(1)
         x_scaled = x.to(aux) if c is None else x.to(aux) * c.unsqueeze(1)
         grad_values = torch.ops.fgplugin.sddmm.default(rowptr, col, g_scaled, x_scaled)
     if need_r:
-        u = spmm_op(rowptr, col, values, x, None, c, d, t_rowptr, t_col, t_values, plan, t_plan)
+        u = _call_spmm(rowptr, col, values, x, None, c, d, t_rowptr, t_col, t_values, plan, t_plan)
         grad_r = (grad.to(aux) * u.to(aux)).sum(dim=1)
     if need_d:
         n = d.shape[0]
