@@ -81,10 +81,11 @@ class _SpmmFunction(torch.autograd.Function):
     """Eager autograd of the op, with the formula of its registered one (``_spmm_backward``).
 
     Why not only ``register_autograd``: torch.library flattens the plan lists (2 x 17 tensors)
-    into autograd inputs on every call and back again in the backward pass. On an H100 that was
-    ~0.3 ms of Python per call, enough to make a GCN step on cora 1.6x slower than stock PyG's
-    (3.3 vs 2.1 ms). Here the plans ride on ``ctx`` as the cached constants they are. Under
-    torch.compile the op is called directly and traced with its registered autograd."""
+    into autograd inputs on every call and back again in the backward pass, the largest
+    fgplugin-only cost in a profile of a GCN step on cora (H100). Here the plans ride on ``ctx``
+    as the cached constants they are (that step: 2.70 -> 2.5 ms; benchmarks/results/h100/
+    step_overhead.json). Under torch.compile the op is called directly and traced with its
+    registered autograd."""
 
     @staticmethod
     def forward(ctx, rowptr, col, values, x, r, c, d, t_rowptr, t_col, t_values, plan, t_plan):
