@@ -26,7 +26,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graph", default="cora")
     ap.add_argument("--replication", type=int, default=1, help="1 = 1D; r > 1 = 1.5D (needs r*r <= ranks)")
-    ap.add_argument("--comm", choices=("sparse", "broadcast"), default="sparse")
+    ap.add_argument("--comm", choices=("auto", "sparse", "broadcast"), default="auto",
+                    help="feature exchange; auto: sparse when ranks read at most half of the others' rows")
     ap.add_argument("--reorder", default="community", help="fgplugin.reorder method, or 'none'")
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--hidden", type=int, default=64)
@@ -86,7 +87,7 @@ def main():
             trainer.save_checkpoint(args.checkpoint)
     if rank == 0:
         print(f"{args.epochs} epochs in {time.perf_counter() - t0:.2f} s on {ctx.world_size} ranks "
-              f"({ctx.scheme}, r={ctx.replication}, comm={ctx.comm})", flush=True)
+              f"({ctx.scheme}, r={ctx.replication}, comm={graph.comm})", flush=True)
     dist.destroy_process_group()
 
 

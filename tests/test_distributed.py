@@ -20,6 +20,8 @@ from fgplugin import TiledAdjacency
 from fgplugin.datasets import load_npz, require_shared_data
 from fgplugin.distributed import (DistGCN, DistributedTrainer, FullGraph, RankFailureError, ShardedGraph,
                                   ShardingContext, dist_spmm, relative_error)
+from fgplugin.distributed.sharding import AUTO_SPARSE_MAX_SHARE
+from fgplugin.reorder import reorder
 
 EPOCHS, LR, HIDDEN, SEED = 10, 0.01, 16, 0
 DTYPE = torch.float64
@@ -179,8 +181,34 @@ def _spmm_cases(configs):
     return errors
 
 
+def _read_share(edge_index, n, perm, q):
+    """Share of the other blocks' rows that the q row blocks read (what comm="auto" decides on),
+    computed here independently of fgplugin.distributed."""
+    inv = torch.empty(n, dtype=torch.long)
+    inv[perm] = torch.arange(n)
+    src, dst = inv[edge_index[0]], inv[edge_index[1]]
+    read = total = 0
+    for g in range(q):
+        s, e = g * n // q, (g + 1) * n // q
+        srcs = src[(dst >= s) & (dst < e)]
+        read += torch.unique(srcs[(srcs < s) | (srcs >= e)]).numel()
+        total += n - (e - s)
+    return read / total
+
+
+def _auto_choices(path):
+    """{perm kind: (the mode comm="auto" chose, the read share)} on cora in 1D: randomly
+    numbered nodes, and community order, whose row blocks cut few edges."""
+    data = _cora(path)
+    n, out = data.num_nodes, {}
+    for kind, perm in (("random", _perm(n, "random")), ("community", reorder(data.edge_index, "community", num_nodes=n))):
+        graph = ShardedGraph.from_edge_index(ShardingContext(1), data.edge_index, n, perm=perm)
+        out[kind] = (graph.comm, _read_share(data.edge_index, n, perm, dist.get_world_size()))
+    return out
+
+
 def _four_ranks(rank, world, path, configs, tmpdir):
-    return _spmm_cases(configs), _train_configs(path, configs, tmpdir)
+    return _spmm_cases(configs), _train_configs(path, configs, tmpdir), _auto_choices(path)
 
 
 def _train_each(data, configs, evaluate):
@@ -248,8 +276,17 @@ def four_ranks(cora_path, tmp_path_factory):
     return _ok(_launch(4, _four_ranks, cora_path, CONFIGS, str(tmp_path_factory.mktemp("ckpt"))), 4)
 
 
+def test_auto_comm_picks_sparse_only_when_few_rows_are_read(four_ranks):
+    for rank, (_, _, choices) in four_ranks.items():
+        assert ShardingContext.__init__.__kwdefaults__["comm"] == "auto"
+        for kind, (comm, share) in choices.items():
+            assert comm == ("sparse" if share <= AUTO_SPARSE_MAX_SHARE else "broadcast"), (rank, kind, comm, share)
+        # Both branches are taken: random ids make every block read most of the others' rows.
+        assert choices["random"][0] == "broadcast" and choices["community"][0] == "sparse", (rank, choices)
+
+
 def test_dist_spmm_matches_dense_reference(four_ranks):
-    for rank, (errors, _) in four_ranks.items():
+    for rank, (errors, _, _) in four_ranks.items():
         for key, (fwd, bwd, symmetric) in errors.items():
             # The scales are float32 (as fgplugin's own normalization): float32 rounding, not float64.
             assert fwd < 1e-6 and bwd < 1e-6, f"rank {rank} {key}: forward {fwd:.1e}, input gradient {bwd:.1e}"

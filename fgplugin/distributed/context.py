@@ -24,6 +24,9 @@ import torch.distributed as dist
 #: others after at most this long (gloo usually reports a dead peer at once: its socket closes).
 DEFAULT_TIMEOUT_S = 300.0
 
+#: Exchange modes of :class:`ShardingContext` (``auto`` resolves to one of the others per graph).
+COMM_MODES = ("auto", "broadcast", "sparse")
+
 
 class RankFailureError(RuntimeError):
     """A collective failed or timed out: another rank died, hung, or diverged."""
@@ -89,20 +92,22 @@ class ShardingContext:
     Args:
         replication: ``r``; must divide the world size ``p`` with ``r <= p / r`` (each replica
             needs at least one column block), e.g. ``p=4, r=2``.
-        comm: ``"broadcast"`` (the paper's: the owner of a feature block broadcasts all of it)
-            or ``"sparse"`` (each rank receives only the rows its non-zeros touch, point to point,
-            in a ring-shift schedule).
+        comm: ``"broadcast"`` (the paper's: the owner of a feature block broadcasts all of it; in
+            1D one all-gather), ``"sparse"`` (each rank receives only the rows its non-zeros touch,
+            point to point, in a ring-shift schedule, after gathering them into a send buffer) or
+            ``"auto"`` (default): each graph picks one when it is sharded, sparse when the ranks
+            read at most half of the other blocks' rows (see :mod:`fgplugin.distributed.sharding`).
         comm_dtype: dtype of the feature blocks on the wire (e.g. ``torch.bfloat16`` halves the
             traffic at bf16 rounding of the exchanged values); ``None`` sends them as they are.
     """
 
-    def __init__(self, replication: int = 1, *, comm: str = "sparse", comm_dtype: torch.dtype | None = None):
+    def __init__(self, replication: int = 1, *, comm: str = "auto", comm_dtype: torch.dtype | None = None):
         if not dist.is_initialized():
             raise RuntimeError("fgplugin.distributed needs torch.distributed initialized first: call "
                                "fgplugin.distributed.init_distributed() (under torchrun) or "
                                "torch.distributed.init_process_group()")
-        if comm not in ("broadcast", "sparse"):
-            raise ValueError(f"comm must be 'broadcast' or 'sparse', got {comm!r}")
+        if comm not in COMM_MODES:
+            raise ValueError(f"comm must be one of {COMM_MODES}, got {comm!r}")
         p, r = dist.get_world_size(), int(replication)
         if r < 1 or p % r != 0 or r > p // r:
             raise ValueError(f"replication r={replication} does not fit {p} ranks: r must divide p and "

@@ -9,22 +9,31 @@ transpose for the backward pass. It computes
     T_g = \sum_{j \in J_k} \mathrm{diag}(r_g)\,(A_{gj} + [j = g]\,\mathrm{diag}(d_g))\,\mathrm{diag}(c_j)\,H_j
 
 and, for ``r > 1``, all-reduces ``T_g`` over the replicas of block ``g``. Feature blocks ``H_j`` travel
-inside the column group, with the transfer of the next block in flight while the current one is
-multiplied:
+inside the column group:
 
-- ``comm="broadcast"``: the owner broadcasts all of ``H_j`` (the paper's scheme); ``m_gj = n_j``.
+- ``comm="broadcast"``: the owner broadcasts all of ``H_j`` (the paper's scheme) straight from the
+  tensor it holds; ``m_gj = n_j``.
 - ``comm="sparse"``: rank ``g`` receives only the rows of ``H_j`` that ``A_gj`` has non-zeros in;
-  ``A_gj``'s columns are compacted to those rows (``m_gj`` = their count). Transfers are point to
-  point in a ring-shift schedule: at step ``s`` rank ``g`` receives block ``(g + s) mod q`` and sends
-  its own rows to rank ``(g - s) mod q``, so every link carries one message per step.
+  ``A_gj``'s columns are compacted to those rows (``m_gj`` = their count). The owner first gathers
+  them into a send buffer. Transfers are point to point in a ring-shift schedule: at step ``s``
+  rank ``g`` receives block ``(g + s) mod q`` and sends its own rows to rank ``(g - s) mod q``, so
+  every link carries one message per step.
+
+In both modes every transfer is posted at once and the own block's product ``A_gg H_g`` runs while
+they are in flight; the blocks ``j != g`` are then multiplied as one *remote* block whose columns
+are the received rows stacked in block order. Sparse mode moves fewer bytes; broadcast mode needs no
+gather of send rows. Which wins depends on the graph: when a rank reads most of the other blocks'
+rows anyway (the synthetic graphs' random edges: 92% on products-like, 4 ranks), broadcast's
+extra bytes cost less than sparse mode's gather (``benchmarks/results/h200x4/scaling.json``).
+``comm="auto"`` (the default) picks sparse mode when the ranks read at most half of those rows.
 
 Backward, ``dL/dH_j = sum_g A_gj^T G_g``. When the normalized adjacency is symmetric (a symmetric
 edge multiset and equal row and column scales: GCN normalization of an undirected graph, the usual
 case) ``A_gj^T = A_jg``, so the backward *is* the forward product applied to the gradient
 ``G``: the same exchange (the rows of ``G`` this rank reads) and the same blocks, with no transposed
 blocks at all. Otherwise each rank multiplies its transposed blocks and sends the partial products
-to the block owners (``reduce`` in broadcast mode, point to point in sparse mode), again overlapped
-with the next block's product. Gradients of replicated tensors are *partial* per replica (their sum
+to the block owners (``reduce`` in broadcast mode, point to point in sparse mode); in sparse mode
+the transfers overlap the own block's transposed product. Gradients of replicated tensors are *partial* per replica (their sum
 over the replicas is the true gradient); the training wrapper accounts for it (loss scaled by
 ``1/r``, weight gradients all-reduced with SUM).
 """
@@ -38,10 +47,16 @@ import torch.distributed as dist
 
 from ..ops import _vector_pad, spmm
 from ..tiling import TiledAdjacency
-from .context import BlockLayout, ShardingContext
+from .context import COMM_MODES, BlockLayout, ShardingContext
 
 _MOD = 2**31 - 1
 _CHUNK = 1 << 24  # edges read per step while sharding (bounds temporaries; works on memory maps)
+# comm="auto" picks sparse mode while the ranks read at most this share of the other blocks' rows.
+# Sparse mode gathers each row it sends into a buffer, on the critical path, and that gather cost
+# about as much per row as the transfer itself (products-like, 4 H200s: 4.1 ms of gathers against
+# an all-gather of 8% more rows that the own block's product mostly hid), so at half the rows
+# the two are roughly even. One measured point (92% read: broadcast 12.2 ms, sparse 16.2 ms).
+AUTO_SPARSE_MAX_SHARE = 0.5
 NORMS = ("gcn", "mean", "both", "none")
 
 
@@ -68,10 +83,11 @@ class ShardedGraph:
         ctx: the :class:`ShardingContext`.
         num_nodes, num_edges: of the whole graph.
         row_start, row_end: this rank's node range (reordered ids).
-        blocks: the :class:`ColumnBlock` s this rank multiplies, by column block index (sparse
-            mode: only its own block ``g``; the others are merged into ``remote``).
-        remote: sparse mode: one :class:`ColumnBlock` over the rows this rank receives from every
-            other block, stacked in block order (``recv_slices[j] = (offset, count)``). One SpMM
+        blocks: ``{g: the own block}`` when this rank multiplies its own column block (always in
+            1D); the other blocks are merged into ``remote``.
+        remote: one :class:`ColumnBlock` over the rows this rank receives from every other block,
+            stacked in block order (``recv_slices[j] = (offset, count)``), or ``None`` without
+            edges to other blocks. One SpMM
             over it replaces one per block: each of those wrote and re-added a full ``[n_g, F]``
             output and launched work for all ``n_g`` rows, which doubled the per-rank SpMM time
             on 4 GPUs (products-like: 16 ms against 8 ms ideal).
@@ -80,6 +96,8 @@ class ShardedGraph:
             column group read, stacked by member block ``k``, and ``send_slices[k] = (offset,
             count)``; one gather packs every send (one scatter-add unpacks what the transposed
             backward receives).
+        comm: the exchange mode in use, ``"sparse"`` or ``"broadcast"`` (what ``"auto"`` resolved to).
+        gathers: broadcast mode in 1D: one all-gather into a buffer with a slot per block.
         symmetric: the normalized adjacency equals its transpose (checked exactly at
             construction, the same on every rank); the backward then runs the forward product.
         fingerprint: ints identifying the graph, equal on every rank (checked at construction).
@@ -88,7 +106,7 @@ class ShardedGraph:
     """
 
     def __init__(self, ctx: ShardingContext, num_nodes: int, num_edges: int, perm, blocks, row_scale, send_idx,
-                 fingerprint, remote=None, recv_slices=None, symmetric=False):
+                 fingerprint, remote=None, recv_slices=None, recv_rows=0, symmetric=False, comm=None, gathers=False):
         self.ctx = ctx
         self.layout = BlockLayout(num_nodes, ctx.num_blocks)
         self.num_nodes, self.num_edges = num_nodes, num_edges
@@ -105,7 +123,10 @@ class ShardedGraph:
             0, dtype=torch.long, device=ctx.device)
         self.remote: ColumnBlock | None = remote
         self.recv_slices: dict[int, tuple[int, int]] = recv_slices or {}
+        self.recv_rows = int(recv_rows)
         self.symmetric = bool(symmetric)
+        self.comm = comm or ctx.comm
+        self.gathers = bool(gathers)
         self.fingerprint = fingerprint
         self.profiler = None
 
@@ -185,7 +206,7 @@ class ShardedGraph:
 
         perm_hash = 0 if perm is None else int(((perm % _MOD) * (torch.arange(n, device=device) % 65521 + 1) % _MOD).sum())
         fingerprint = [n, num_edges, int(h1), int(h2), perm_hash, ctx.world_size, ctx.replication,
-                       ("broadcast", "sparse").index(ctx.comm), NORMS.index(norm), int(improved),
+                       COMM_MODES.index(ctx.comm), NORMS.index(norm), int(improved),
                        *[int(v) for v in extra_fingerprint]]
         _check_agreement(fingerprint, device)
 
@@ -211,6 +232,10 @@ class ShardedGraph:
         row_scale_own = None if row_scale is None else row_scale[own].contiguous()
         diag_own = None if diag is None else diag[own].contiguous()
 
+        comm = _resolve_comm(ctx, src, layout) if ctx.comm == "auto" else ctx.comm
+        # 1D broadcast: every rank owns one block of the one column group, so the q broadcasts are
+        # one all-gather, which moves (q-1)/q of their bytes over a ring.
+        gathers = comm == "broadcast" and ctx.replication == 1 and ctx.num_blocks > 1
         blocks, needs, remote_parts = {}, {}, []
         options = dict(tile_size=tile_size, threshold=threshold)
         for j in ctx.col_blocks:
@@ -219,12 +244,17 @@ class ShardedGraph:
             col_j, row_j = src[sel] - sj, dst[sel]
             cs = None if col_scale is None else col_scale[sj:sj + nj]
             del sel
-            if ctx.comm == "sparse" and j != g:
-                # Only the rows of block j that this rank's edges touch travel; they get the column
-                # ids of one compacted "remote" block (see below).
-                cols, col_j = torch.unique(col_j, return_inverse=True)
-                needs[j] = cols
-                remote_parts.append((j, cols.numel(), col_j, row_j, None if cs is None else cs[cols]))
+            if j != g:
+                # The other blocks' columns form one "remote" block over the rows received from
+                # them, stacked in column-block order (see below). Sparse mode receives only the
+                # rows of block j that this rank's edges touch, so its columns are compacted to
+                # those; broadcast mode receives all of block j.
+                if comm == "sparse":
+                    cols, col_j = torch.unique(col_j, return_inverse=True)
+                    needs[j] = cols
+                    remote_parts.append((j, cols.numel(), col_j, row_j, None if cs is None else cs[cols]))
+                else:
+                    remote_parts.append((j, nj, col_j, row_j, cs))
                 continue
             adj = TiledAdjacency.from_edge_index(torch.stack([col_j, row_j]), size=(nj, n_own), keep_edge_order=False,
                                                  **options)
@@ -239,11 +269,21 @@ class ShardedGraph:
                                     diag_own if j == g else None)
             del col_j, row_j
         del src, dst
-        remote, recv_slices = _remote_block(remote_parts, n_own, options, transpose=not symmetric)
+        # Where each block's received rows sit in the stacked receive buffer. In 1D broadcast mode
+        # the buffer is the output of one all-gather: block j at j * (largest block size), the own
+        # block's slot included (the remote block has no columns there).
+        gather_stride = max(layout.size(i) for i in range(ctx.num_blocks)) if gathers else None
+        offsets, recv_rows = {}, 0
+        for j, count, *_ in remote_parts:
+            offsets[j] = j * gather_stride if gather_stride else recv_rows
+            recv_rows = offsets[j] + count
+        recv_rows = ctx.num_blocks * gather_stride if gather_stride else recv_rows
+        remote = _remote_block(remote_parts, offsets, recv_rows, n_own, options, transpose=not symmetric)
+        recv_slices = {j: (offsets[j], count) for j, count, *_ in remote_parts}
         del remote_parts
-        send_idx = _exchange_needs(ctx, needs, layout) if ctx.comm == "sparse" else {}
-        return cls(ctx, n, num_edges, perm, blocks, row_scale_own, send_idx, fingerprint, remote, recv_slices,
-                   symmetric)
+        send_idx = _exchange_needs(ctx, needs, layout) if comm == "sparse" else {}
+        return cls(ctx, n, num_edges, perm, blocks, row_scale_own, send_idx, fingerprint, remote, recv_slices, recv_rows,
+                   symmetric, comm, gathers)
 
     # ------------------------------------------------------------------ node data
     @property
@@ -323,14 +363,27 @@ class ShardedGraph:
             dtype = self.ctx.comm_dtype
             return t.contiguous() if dtype is None or dtype == t.dtype else t.to(dtype)
 
-    def _unpack(self, buf: torch.Tensor, dtype) -> torch.Tensor:
-        """A received buffer in the compute dtype ``dtype``."""
+    def _unpack(self, buf: torch.Tensor, dtype, received_rows: int | None = None) -> torch.Tensor:
+        """A received buffer in the compute dtype ``dtype``; ``received_rows`` of it came over
+        the wire (default: all)."""
         if self.profiler is not None:
-            self.profiler.bytes_received += buf.numel() * buf.element_size()
+            rows = buf.shape[0] if received_rows is None else received_rows
+            self.profiler.bytes_received += rows * (buf.numel() // max(buf.shape[0], 1)) * buf.element_size()
         if buf.dtype == dtype:
             return buf
         with self.region("pack"):
             return buf.to(dtype)
+
+    def _recv_slice(self, stacked: torch.Tensor, j: int) -> torch.Tensor:
+        offset, count = self.recv_slices[j]
+        return stacked[offset:offset + count]
+
+    def _remote_part_t(self, grad: torch.Tensor, wire) -> torch.Tensor:
+        """The transposed remote product ``remote^T G`` (stacked partial products for the other
+        blocks' rows) in the wire dtype; zeros when this rank has no remote edges."""
+        if self.remote is None:
+            return torch.zeros(self.recv_rows, grad.shape[1], dtype=wire, device=grad.device)
+        return self._pack(self._block_mm_t(self.remote, grad))
 
     def _forward(self, h: torch.Tensor) -> torch.Tensor:
         out = self._product(h)
@@ -344,36 +397,33 @@ class ShardedGraph:
         ctx, g = self.ctx, self.ctx.block
         f, wire = h.shape[1], self.ctx.comm_dtype or h.dtype
         out = None
-        if ctx.comm == "broadcast":
-            order = ctx.col_blocks  # the collective order every member of the column group follows
-
-            def post(j):
-                if j == g:
-                    buf = self._pack(h)
-                else:
-                    buf = torch.empty(self.layout.size(j), f, dtype=wire, device=h.device)
-                return [dist.broadcast(buf, ctx.owner(j), group=ctx.col_group, async_op=True)], buf
-
-            inflight = post(order[0]) if order else None
-            if g in self.blocks:
-                out = self._block_mm(self.blocks[g], h, out)  # overlaps the first transfer
-            for i, j in enumerate(order):
-                nxt = post(order[i + 1]) if i + 1 < len(order) else None
-                self._wait(inflight[0])
-                if j != g:
-                    out = self._block_mm(self.blocks[j], self._unpack(inflight[1], h.dtype), out)
-                inflight = nxt
+        # Every transfer is posted at once (one NCCL group in sparse mode), the own block's product
+        # overlaps them, then one product over all received rows: one remote product instead of
+        # one per column block, each of which wrote and re-added a full [n_g, F] output.
+        recv_all = torch.empty(self.recv_rows, f, dtype=wire, device=h.device)
+        if self.gathers:
+            # One all-gather into recv_all, in place: this rank's slot holds its own rows. The
+            # slot's padding rows (blocks differ in size by one) are zeroed: a dense tile of the
+            # remote block that spans them multiplies them by zero, and 0 * NaN is NaN.
+            stride = self.recv_rows // ctx.num_blocks
+            slot = recv_all[g * stride:(g + 1) * stride]
+            with self.region("pack"):
+                slot[:self.num_rows].copy_(h)
+                slot[self.num_rows:].zero_()
+            works = [_all_gather(recv_all, slot, group=ctx.col_group, async_op=True)]
+        elif self.comm == "broadcast":
+            # The owner sends its block as it is (no gather into a send buffer); the others receive
+            # it straight into its slice of recv_all.
+            works = [dist.broadcast(self._pack(h) if j == g else self._recv_slice(recv_all, j), ctx.owner(j),
+                                    group=ctx.col_group, async_op=True) for j in ctx.col_blocks]
         else:
-            # Every transfer is posted at once (one NCCL group), the own block's product overlaps
-            # them, then one product over all received rows.
-            recv_all = None if self.remote is None else torch.empty(self.remote.adj.shape[1], f, dtype=wire,
-                                                                     device=h.device)
             works = self._exchange(recv_all, dist.irecv, self._pack(h, self.send_rows), dist.isend)
-            if g in self.blocks:
-                out = self._block_mm(self.blocks[g], h, out)
-            self._wait(works)
-            if self.remote is not None:
-                out = self._block_mm(self.remote, self._unpack(recv_all, h.dtype), out)
+        if g in self.blocks:
+            out = self._block_mm(self.blocks[g], h, out)
+        self._wait(works)
+        if self.remote is not None:
+            received = sum(count for _, count in self.recv_slices.values())  # less an all-gather's own slot
+            out = self._block_mm(self.remote, self._unpack(recv_all, h.dtype, received), out)
         if out is None:  # every block this rank multiplies is empty
             out = torch.zeros(self.num_rows, f, dtype=h.dtype, device=h.device)
         return out
@@ -412,25 +462,21 @@ class ShardedGraph:
             return self._product(grad)
         f, wire = grad.shape[1], self.ctx.comm_dtype or grad.dtype
         out = None
-        if ctx.comm == "broadcast":
-            pending = []
-
-            def finish(works, part, j):
-                self._wait(works)
-                return self._unpack(part, grad.dtype) if j == g else out
-
-            for j in ctx.col_blocks:
-                part = self._pack(self._block_mm_t(self.blocks[j], grad))
-                if len(pending) >= 2:  # at most two partial products in flight: O(n/p) memory
-                    out = finish(*pending.pop(0))
-                pending.append(([dist.reduce(part, ctx.owner(j), group=ctx.col_group, async_op=True)], part, j))
-            for item in pending:
-                out = finish(*item)
+        if self.comm == "broadcast":
+            # Every block's partial product goes to its owner by a reduce (posted in column-block
+            # order, the same on every rank); the owner's own part receives the sum.
+            part = self._remote_part_t(grad, wire)
+            own = self._pack(self._block_mm_t(self.blocks[g], grad)) if g in self.blocks else None
+            works = [dist.reduce(own if j == g else self._recv_slice(part, j), ctx.owner(j), group=ctx.col_group,
+                                 async_op=True) for j in ctx.col_blocks]
+            self._wait(works)
+            if own is not None:
+                out = self._unpack(own, grad.dtype)
         else:
             # The remote product is computed first and its slices sent to their owners while the
             # own block's product runs; what other ranks computed for this block's rows arrives
             # stacked and is added at the rows they read (send_rows).
-            part = None if self.remote is None else self._pack(self._block_mm_t(self.remote, grad))
+            part = self._remote_part_t(grad, wire)
             recv = torch.empty(self.send_rows.numel(), f, dtype=wire, device=grad.device)
             works = self._exchange(part, dist.isend, recv, dist.irecv)
             if g in self.blocks:
@@ -453,7 +499,7 @@ class ShardedGraph:
         nnz = sum(b.adj.nnz for b in self._all_blocks())
         return (f"ShardedGraph(rank {self.ctx.rank}: rows [{self.row_start}, {self.row_end}) of {self.num_nodes}, "
                 f"column blocks {m} (columns each), nnz={nnz} of {self.num_edges}, {self.ctx.scheme} "
-                f"r={self.ctx.replication}, comm={self.ctx.comm!r}, device={self.ctx.device})")
+                f"r={self.ctx.replication}, comm={self.comm!r}, device={self.ctx.device})")
 
 
 class _DistSpMM(torch.autograd.Function):
@@ -527,26 +573,43 @@ _FIELDS = ("num_nodes", "num_edges", "edge hash 1", "edge hash 2", "perm hash", 
            "comm", "norm", "improved")
 
 
-def _remote_block(parts, n_own: int, options: dict, transpose: bool):
-    """One :class:`ColumnBlock` over the received rows of every other block, stacked in the order
-    of ``parts`` = ``[(j, count, local column ids, rows, column scales or None)]``, with its
-    transpose when ``transpose``, and each block's ``(offset, count)`` in it; ``(None, {})``
-    without parts or edges."""
-    slices, offset = {}, 0
-    for j, count, *_ in parts:
-        slices[j] = (offset, count)
-        offset += count
-    if offset == 0:
-        return None, slices
-    col = torch.cat([c + slices[j][0] for j, _, c, _, _ in parts])
+def _remote_block(parts, offsets: dict[int, int], width: int, n_own: int, options: dict, transpose: bool):
+    """One :class:`ColumnBlock` of ``width`` columns over the rows received from every other block,
+    block j's ``count`` rows at column ``offsets[j]``, from ``parts = [(j, count, local column ids,
+    rows, column scales or None)]``, with its transpose when ``transpose``; ``None`` without edges.
+    Columns no part covers (slot padding, the own block's slot of an all-gather) hold no edges."""
+    if sum(c.numel() for _, _, c, _, _ in parts) == 0:
+        return None
+    col = torch.cat([c + offsets[j] for j, _, c, _, _ in parts])
     row = torch.cat([r for *_, r, _ in parts])
-    scales = [cs for *_, cs in parts]
-    col_scale = None if scales[0] is None else torch.cat(scales).contiguous()
-    adj = TiledAdjacency.from_edge_index(torch.stack([col, row]), size=(offset, n_own), keep_edge_order=False,
+    col_scale = None
+    if parts[0][4] is not None:
+        col_scale = torch.zeros(width, dtype=parts[0][4].dtype, device=col.device)
+        for j, count, _, _, cs in parts:
+            col_scale[offsets[j]:offsets[j] + count] = cs
+    adj = TiledAdjacency.from_edge_index(torch.stack([col, row]), size=(width, n_own), keep_edge_order=False,
                                          **options)
-    adj_t = TiledAdjacency.from_edge_index(torch.stack([row, col]), size=(n_own, offset), keep_edge_order=False,
+    adj_t = TiledAdjacency.from_edge_index(torch.stack([row, col]), size=(n_own, width), keep_edge_order=False,
                                            **options) if transpose else None
-    return ColumnBlock(-1, adj, adj_t, col_scale, None), slices
+    return ColumnBlock(-1, adj, adj_t, col_scale, None)
+
+
+# torch >= 2.12 names the all-gather into one tensor all_gather_single (the old name warns).
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _resolve_comm(ctx: ShardingContext, src: torch.Tensor, layout: BlockLayout) -> str:
+    """``comm="auto"``: ``"sparse"`` when the ranks together read at most
+    :data:`AUTO_SPARSE_MAX_SHARE` of the rows of the other blocks they multiply, else
+    ``"broadcast"``; the same answer on every rank (one all-reduce)."""
+    counts = torch.zeros(2, dtype=torch.float64, device=src.device)
+    for j in ctx.col_blocks:
+        if j != ctx.block:
+            sj = layout.start(j)
+            counts[0] += torch.unique(src[(src >= sj) & (src < sj + layout.size(j))]).numel()
+            counts[1] += layout.size(j)
+    dist.all_reduce(counts)
+    return "sparse" if counts[0] <= AUTO_SPARSE_MAX_SHARE * counts[1] else "broadcast"
 
 
 def _same_multiset(a: torch.Tensor, b: torch.Tensor) -> bool:
