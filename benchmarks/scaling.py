@@ -10,7 +10,7 @@ their rows into ``$OUT/scaling.json`` (``--out``) with a markdown table beside i
 
 Per graph and GPU count it measures, for every sharding (1D; 1.5D r=2 when G >= 4), exchange mode
 (``sparse``: only the feature rows a rank's non-zeros touch, point to point; ``broadcast``: the
-paper's whole-block broadcast) and ordering (``original``; ``<method>``: whole-graph reordering,
+paper's whole-block broadcast, one all-gather in 1D) and ordering (``original``; ``<method>``: whole-graph reordering,
 which also clusters nodes into the row blocks and so cuts communication; ``<method>-blockwise<q>``:
 Algorithm 2 with one part per row block, node ids kept in their block):
 
