@@ -1,0 +1,95 @@
+"""Why a rank's product over the rows received from other ranks costs what it does (one GPU).
+
+    python benchmarks/remote_block.py --graphs products-like archaea-like --parts 4
+
+Takes row block 0 of ``--parts`` of a synthetic graph in ``community`` order, as rank 0 of a 1D
+run holds it, and times, at each F of ``--features`` (medians of 20, CUDA events):
+
+- ``rows``: the block's rows over all columns (its share of the single-GPU product);
+- ``local``: the block's own columns (what overlaps the exchange in fgplugin.distributed);
+- ``remote``: the other columns, ids kept (what runs on the all-gathered rows afterwards);
+- ``local+remote``: both, back to back, and ``local||remote``: both at once on two CUDA streams.
+
+Each row carries nnz, entries per row and the bytes of feature rows gathered per ms. Diagnostic:
+it prints JSON lines and writes no result file.
+"""
+import argparse
+import json
+
+import torch
+
+from fgplugin import TiledAdjacency, datasets, spmm
+from fgplugin.reorder import reorder
+
+
+def _median_ms(fn, reps=20, warmup=5) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--graphs", nargs="+", default=["products-like", "archaea-like"])
+    ap.add_argument("--parts", type=int, default=4)
+    ap.add_argument("--features", nargs="+", type=int, default=[64, 128])
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    for name in args.graphs:
+        data = datasets.community_graph(name, seed=0, device=device, num_features=0)
+        n = data.num_nodes
+        perm = reorder(data.edge_index, "community", num_nodes=n)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(n, device=device)
+        src, dst = inv[data.edge_index[0]], inv[data.edge_index[1]]
+        del data
+        rows = n // args.parts
+        mine = dst < rows
+        src, dst = src[mine], dst[mine]
+        own = src < rows
+        blocks = {
+            "rows": TiledAdjacency.from_edge_index(torch.stack([src, dst]), size=(n, rows)),
+            "local": TiledAdjacency.from_edge_index(torch.stack([src[own], dst[own]]), size=(rows, rows)),
+            "remote": TiledAdjacency.from_edge_index(torch.stack([src[~own], dst[~own]]), size=(n, rows)),
+        }
+        gen = torch.Generator(device=device).manual_seed(0)
+        rs = torch.rand(rows, device=device, generator=gen) + 0.5
+        cs = torch.rand(n, device=device, generator=gen) + 0.5
+        side = torch.cuda.Stream()
+        for f in args.features:
+            x = torch.randn(n, f, device=device, generator=gen)
+            calls = {
+                "rows": lambda: spmm(blocks["rows"], x, rs, cs),
+                "local": lambda: spmm(blocks["local"], x[:rows], rs, cs[:rows]),
+                "remote": lambda: spmm(blocks["remote"], x, rs, cs),
+            }
+            calls["local+remote"] = lambda: (calls["local"](), calls["remote"]())
+
+            def both_streams():
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    calls["remote"]()
+                calls["local"]()
+                torch.cuda.current_stream().wait_stream(side)
+
+            calls["local||remote"] = both_streams
+            for kind, fn in calls.items():
+                adj = blocks.get(kind)
+                ms = _median_ms(fn)
+                row = {"graph": name, "F": f, "kind": kind, "ms": round(ms, 3)}
+                if adj is not None:
+                    row |= {"nnz": adj.nnz, "per_row": round(adj.nnz / rows, 1), "dense_share": round(adj.dense_share, 3),
+                            "gathered_GB_per_s": round(adj.nnz * f * 4 / ms / 1e6, 1)}
+                print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
