@@ -23,7 +23,7 @@ In both modes every transfer is posted at once and the own block's product ``A_g
 they are in flight; the blocks ``j != g`` are then multiplied as one *remote* block whose columns
 are the received rows stacked in block order. Sparse mode moves fewer bytes; broadcast mode needs no
 gather of send rows. Which wins depends on the graph: when a rank reads most of the other blocks'
-rows anyway (the synthetic graphs' random edges: 92% on products-like, 4 ranks), broadcast's
+rows anyway (the synthetic graphs' long-range edges: 92% on products-like, 4 ranks), broadcast's
 extra bytes cost less than sparse mode's gather (``benchmarks/results/h200x4/scaling.json``).
 ``comm="auto"`` (the default) picks sparse mode when the ranks read at most half of those rows.
 
@@ -33,9 +33,9 @@ case) ``A_gj^T = A_jg``, so the backward *is* the forward product applied to the
 ``G``: the same exchange (the rows of ``G`` this rank reads) and the same blocks, with no transposed
 blocks at all. Otherwise each rank multiplies its transposed blocks and sends the partial products
 to the block owners (``reduce`` in broadcast mode, point to point in sparse mode); in sparse mode
-the transfers overlap the own block's transposed product. Gradients of replicated tensors are *partial* per replica (their sum
-over the replicas is the true gradient); the training wrapper accounts for it (loss scaled by
-``1/r``, weight gradients all-reduced with SUM).
+the transfers overlap the own block's transposed product. Gradients of replicated tensors are
+*partial* per replica (their sum over the replicas is the true gradient); the training wrapper
+accounts for it (loss scaled by ``1/r``, weight gradients all-reduced with SUM).
 """
 from __future__ import annotations
 
