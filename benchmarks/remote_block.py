@@ -3,37 +3,29 @@
     python benchmarks/remote_block.py --graphs products-like archaea-like --parts 4
 
 Takes row block 0 of ``--parts`` of a synthetic graph in ``community`` order, as rank 0 of a 1D
-run holds it, and times, at each F of ``--features`` (medians of 20, CUDA events):
+run holds it, and times, at each F of ``--features``:
 
 - ``rows``: the block's rows over all columns (its share of the single-GPU product);
 - ``local``: the block's own columns (what overlaps the exchange in fgplugin.distributed);
 - ``remote``: the other columns, ids kept (what runs on the all-gathered rows afterwards);
 - ``local+remote``: both, back to back, and ``local||remote``: both at once on two CUDA streams.
 
-Each row carries nnz, entries per row and the bytes of feature rows gathered per ms. Diagnostic:
-it prints JSON lines and writes no result file.
+Medians of 20 after 3 warm-up calls (gpu_kernel_check.time_fn). Each row carries nnz, entries per
+row and the bytes of feature rows gathered per ms. Diagnostic: it prints JSON lines and writes no
+result file.
 """
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
 
 from fgplugin import TiledAdjacency, datasets, spmm
 from fgplugin.reorder import reorder
 
-
-def _median_ms(fn, reps=20, warmup=5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kernel_check import time_fn  # noqa: E402
 
 
 def main() -> None:
@@ -83,7 +75,7 @@ def main() -> None:
             calls["local||remote"] = both_streams
             for kind, fn in calls.items():
                 adj = blocks.get(kind)
-                ms = _median_ms(fn)
+                ms = time_fn(lambda _, fn=fn: fn(), [None], 20)[0]
                 row = {"graph": name, "F": f, "kind": kind, "ms": round(ms, 3)}
                 if adj is not None:
                     row |= {"nnz": adj.nnz, "per_row": round(adj.nnz / rows, 1), "dense_share": round(adj.dense_share, 3),

@@ -34,8 +34,7 @@ def _tiles_on_padding(graph: ShardedGraph) -> int:
         return 0
     tiles, q = graph.remote.adj.tiles, graph.ctx.num_blocks
     stride = graph.recv_rows // q
-    sizes = [(j + 1) * graph.num_nodes // q - j * graph.num_nodes // q for j in range(q)]
-    padding = {(j * stride + row) // tiles.tile_size for j in range(q) for row in range(sizes[j], stride)}
+    padding = {(j * stride + row) // tiles.tile_size for j in range(q) for row in range(graph.layout.size(j), stride)}
     return sum(int(p) in padding for p in tiles.tile_col.tolist())
 
 

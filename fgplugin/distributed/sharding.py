@@ -124,6 +124,8 @@ class ShardedGraph:
         self.remote: ColumnBlock | None = remote
         self.recv_slices: dict[int, tuple[int, int]] = recv_slices or {}
         self.recv_rows = int(recv_rows)
+        # Rows that come over the wire: the buffer less an all-gather's own slot and padding.
+        self.received_rows = sum(count for _, count in self.recv_slices.values())
         self.symmetric = bool(symmetric)
         self.comm = comm or ctx.comm
         self.gathers = bool(gathers)
@@ -232,11 +234,7 @@ class ShardedGraph:
         row_scale_own = None if row_scale is None else row_scale[own].contiguous()
         diag_own = None if diag is None else diag[own].contiguous()
 
-        comm = _resolve_comm(ctx, src, layout) if ctx.comm == "auto" else ctx.comm
-        # 1D broadcast: every rank owns one block of the one column group, so the q broadcasts are
-        # one all-gather, which moves (q-1)/q of their bytes over a ring.
-        gathers = comm == "broadcast" and ctx.replication == 1 and ctx.num_blocks > 1
-        blocks, needs, remote_parts = {}, {}, []
+        blocks, others, compact = {}, [], {}
         options = dict(tile_size=tile_size, threshold=threshold)
         for j in ctx.col_blocks:
             sj, nj = layout.start(j), layout.size(j)
@@ -245,30 +243,44 @@ class ShardedGraph:
             cs = None if col_scale is None else col_scale[sj:sj + nj]
             del sel
             if j != g:
-                # The other blocks' columns form one "remote" block over the rows received from
-                # them, stacked in column-block order (see below). Sparse mode receives only the
-                # rows of block j that this rank's edges touch, so its columns are compacted to
-                # those; broadcast mode receives all of block j.
-                if comm == "sparse":
-                    cols, col_j = torch.unique(col_j, return_inverse=True)
-                    needs[j] = cols
-                    remote_parts.append((j, cols.numel(), col_j, row_j, None if cs is None else cs[cols]))
-                else:
-                    remote_parts.append((j, nj, col_j, row_j, cs))
+                # The other blocks go into one "remote" block (below); the rows of block j that
+                # this rank's edges touch are what sparse mode receives and what "auto" counts.
+                if ctx.comm != "broadcast":
+                    compact[j] = torch.unique(col_j, return_inverse=True)
+                # In sparse mode the inverse of the unique replaces the column ids.
+                others.append((j, nj, None if ctx.comm == "sparse" else col_j, row_j, cs))
                 continue
             adj = TiledAdjacency.from_edge_index(torch.stack([col_j, row_j]), size=(nj, n_own), keep_edge_order=False,
                                                  **options)
             if symmetric:
                 adj_t = None
-            elif j == g and _is_symmetric(adj):
+            elif _is_symmetric(adj):
                 adj_t = adj
             else:
                 adj_t = TiledAdjacency.from_edge_index(torch.stack([row_j, col_j]), size=(n_own, nj),
                                                        keep_edge_order=False, **options)
-            blocks[j] = ColumnBlock(j, adj, adj_t, None if cs is None else cs.contiguous(),
-                                    diag_own if j == g else None)
+            blocks[j] = ColumnBlock(j, adj, adj_t, None if cs is None else cs.contiguous(), diag_own)
             del col_j, row_j
         del src, dst
+        comm = ctx.comm
+        if comm == "auto":
+            comm = _resolve_comm(sum(cols.numel() for cols, _ in compact.values()), sum(o[1] for o in others),
+                                 device)
+        # The remote block over the rows received from the other blocks, stacked in column-block
+        # order. Sparse mode receives only the rows this rank's edges touch, so its columns are
+        # compacted to those; broadcast mode receives all of each block.
+        needs, remote_parts = {}, []
+        for j, nj, col_j, row_j, cs in others:
+            if comm == "sparse":
+                cols, inverse = compact[j]
+                needs[j] = cols
+                remote_parts.append((j, cols.numel(), inverse, row_j, None if cs is None else cs[cols]))
+            else:
+                remote_parts.append((j, nj, col_j, row_j, cs))
+        del others, compact
+        # 1D broadcast: every rank owns one block of the one column group, so the q broadcasts are
+        # one all-gather, which moves (q-1)/q of their bytes over a ring.
+        gathers = comm == "broadcast" and ctx.replication == 1 and ctx.num_blocks > 1
         # Where each block's received rows sit in the stacked receive buffer. In 1D broadcast mode
         # the buffer is the output of one all-gather: block j at j * (largest block size), the own
         # block's slot included (the remote block has no columns there).
@@ -422,8 +434,7 @@ class ShardedGraph:
             out = self._block_mm(self.blocks[g], h, out)
         self._wait(works)
         if self.remote is not None:
-            received = sum(count for _, count in self.recv_slices.values())  # less an all-gather's own slot
-            out = self._block_mm(self.remote, self._unpack(recv_all, h.dtype, received), out)
+            out = self._block_mm(self.remote, self._unpack(recv_all, h.dtype, self.received_rows), out)
         if out is None:  # every block this rank multiplies is empty
             out = torch.zeros(self.num_rows, f, dtype=h.dtype, device=h.device)
         return out
@@ -598,16 +609,12 @@ def _remote_block(parts, offsets: dict[int, int], width: int, n_own: int, option
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _resolve_comm(ctx: ShardingContext, src: torch.Tensor, layout: BlockLayout) -> str:
+def _resolve_comm(read_rows: int, other_rows: int, device) -> str:
     """``comm="auto"``: ``"sparse"`` when the ranks together read at most
-    :data:`AUTO_SPARSE_MAX_SHARE` of the rows of the other blocks they multiply, else
-    ``"broadcast"``; the same answer on every rank (one all-reduce)."""
-    counts = torch.zeros(2, dtype=torch.float64, device=src.device)
-    for j in ctx.col_blocks:
-        if j != ctx.block:
-            sj = layout.start(j)
-            counts[0] += torch.unique(src[(src >= sj) & (src < sj + layout.size(j))]).numel()
-            counts[1] += layout.size(j)
+    :data:`AUTO_SPARSE_MAX_SHARE` of the rows of the other blocks they multiply (this rank:
+    ``read_rows`` of ``other_rows``), else ``"broadcast"``; the same answer on every rank (one
+    all-reduce)."""
+    counts = torch.tensor([read_rows, other_rows], dtype=torch.float64, device=device)
     dist.all_reduce(counts)
     return "sparse" if counts[0] <= AUTO_SPARSE_MAX_SHARE * counts[1] else "broadcast"
 
