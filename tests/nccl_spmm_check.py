@@ -3,7 +3,8 @@
 Exits 1 (after printing each failing case) when a forward or input gradient differs by more than
 1e-5 relative from the single-GPU float64 product, on a symmetric and a directed graph with
 community structure, 1D and 1.5D, sparse and broadcast exchanges, at fp32 (block-adaptive kernels), with
-every uninitialized buffer filled with NaN.
+every uninitialized buffer filled with NaN; with bf16 on the wire (received rows multiplied in bf16)
+the bar is 2e-2, and the error must exceed 1e-5.
 """
 from __future__ import annotations
 
@@ -56,8 +57,9 @@ def main() -> int:
         ref_out = fgplugin.spmm(adj, h.to(device).double(), *scales)
         ref_grad = spmm_adjoint(adj, weight.to(device).double(), *scales)
         for replication in [r for r in (1, 2) if world % r == 0 and r * r <= world]:  # 1.5D: r <= p / r
-            for comm in ("sparse", "broadcast"):
-                ctx = ShardingContext(replication, comm=comm)
+            for comm, wire in (("sparse", None), ("broadcast", None), ("sparse", torch.bfloat16),
+                               ("broadcast", torch.bfloat16)):
+                ctx = ShardingContext(replication, comm=comm, comm_dtype=wire)
                 graph = ShardedGraph.from_edge_index(ctx, edges.to(device), n, norm="gcn")
                 h_local = graph.rows(h).requires_grad_()
                 out = dist_spmm(graph, h_local)
@@ -68,13 +70,15 @@ def main() -> int:
                 ids = graph.global_ids()
                 errors = [float((got.double() - ref[ids]).norm() / ref[ids].norm())
                           for got, ref in ((out.detach(), ref_out), (grad, ref_grad))]
-                ok = max(errors) <= 1e-5
+                # bf16 on the wire: within bf16's bar, and not exact (the wire really is bf16).
+                ok = max(errors) <= 1e-5 if wire is None else 1e-5 < min(errors) and max(errors) <= 2e-2
                 if graph.gathers:  # the check can fail: some rank's dense tile reads a padding row
                     spans = torch.tensor([_tiles_on_padding(graph)], device=device)
                     dist.all_reduce(spans)
                     ok = ok and int(spans) > 0
                 failures += not ok
-                print(f"rank {rank} {kind:<9} r={replication} {comm:<9} symmetric={graph.symmetric} "
+                print(f"rank {rank} {kind:<9} r={replication} {comm:<9} wire={'bf16' if wire else 'same'} "
+                      f"symmetric={graph.symmetric} "
                       f"forward {errors[0]:.1e} input-grad {errors[1]:.1e} {'ok' if ok else 'FAIL'}", flush=True)
     total = torch.tensor([failures], device=device)
     dist.all_reduce(total)

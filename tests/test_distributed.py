@@ -181,6 +181,32 @@ def _spmm_cases(configs):
     return errors
 
 
+def _bf16_wire_cases():
+    """dist_spmm with bfloat16 on the wire (float32 features) against the float64 reference:
+    {(graph kind, replication, comm): (forward error, input-gradient error, output dtype)}."""
+    ei, n = _odd_graph()
+    graphs = {"directed": ei, "symmetric": torch.cat([ei, ei.flip(0)], dim=1)}
+    gen = torch.Generator().manual_seed(5)
+    h, weight = torch.randn(n, 12, generator=gen, dtype=DTYPE), torch.randn(n, 12, generator=gen, dtype=DTYPE)
+    errors = {}
+    for kind, edges in graphs.items():
+        a = _dense_reference(edges, n, "gcn")
+        for replication, comm in ((1, "broadcast"), (1, "sparse"), (2, "broadcast"), (2, "sparse")):
+            ctx = ShardingContext(replication, comm=comm, comm_dtype=torch.bfloat16)
+            graph = ShardedGraph.from_edge_index(ctx, edges, n, perm=_perm(n, "random"))
+            h_local = graph.rows(h).float().requires_grad_()
+            out = dist_spmm(graph, h_local)
+            (out * graph.rows(weight).float()).sum().div(replication).backward()
+            grad = h_local.grad.clone()
+            if ctx.row_group is not None:
+                dist.all_reduce(grad, group=ctx.row_group)
+            ids = graph.global_ids()
+            errors[(kind, replication, comm)] = (relative_error(out.detach().double(), (a @ h)[ids]),
+                                                 relative_error(grad.double(), (a.t() @ weight)[ids]),
+                                                 out.dtype, grad.dtype)
+    return errors
+
+
 def _read_share(edge_index, n, perm, q):
     """Share of the other blocks' rows that the q row blocks read (what comm="auto" decides on),
     computed here independently of fgplugin.distributed."""
@@ -208,7 +234,7 @@ def _auto_choices(path):
 
 
 def _four_ranks(rank, world, path, configs, tmpdir):
-    return _spmm_cases(configs), _train_configs(path, configs, tmpdir), _auto_choices(path)
+    return _spmm_cases(configs), _train_configs(path, configs, tmpdir), _auto_choices(path), _bf16_wire_cases()
 
 
 def _train_each(data, configs, evaluate):
@@ -277,7 +303,7 @@ def four_ranks(cora_path, tmp_path_factory):
 
 
 def test_auto_comm_picks_sparse_only_when_few_rows_are_read(four_ranks):
-    for rank, (_, _, choices) in four_ranks.items():
+    for rank, (_, _, choices, _) in four_ranks.items():
         assert ShardingContext.__init__.__kwdefaults__["comm"] == "auto"
         for kind, (comm, share) in choices.items():
             assert comm == ("sparse" if share <= AUTO_SPARSE_MAX_SHARE else "broadcast"), (rank, kind, comm, share)
@@ -286,12 +312,22 @@ def test_auto_comm_picks_sparse_only_when_few_rows_are_read(four_ranks):
 
 
 def test_dist_spmm_matches_dense_reference(four_ranks):
-    for rank, (errors, _, _) in four_ranks.items():
+    for rank, (errors, _, _, _) in four_ranks.items():
         for key, (fwd, bwd, symmetric) in errors.items():
             # The scales are float32 (as fgplugin's own normalization): float32 rounding, not float64.
             assert fwd < 1e-6 and bwd < 1e-6, f"rank {rank} {key}: forward {fwd:.1e}, input gradient {bwd:.1e}"
             # "mean" scales rows only, so even a symmetric graph's normalized matrix is not symmetric.
             assert symmetric == (key[0] == "symmetric" and key[-1] != "mean"), (rank, key, symmetric)
+
+
+def test_bf16_wire_rounds_only_to_bf16(four_ranks):
+    """comm_dtype=bfloat16: the received rows travel and are multiplied in bf16 (the remote part of
+    the sum is rounded to bf16 too); the result comes back in float32, within bf16's error bar of
+    the exact product and clearly not exact (so the wire really is bf16)."""
+    for rank, (_, _, _, errors) in four_ranks.items():
+        for key, (fwd, bwd, out_dtype, grad_dtype) in errors.items():
+            assert out_dtype == grad_dtype == torch.float32, (rank, key, out_dtype, grad_dtype)
+            assert 1e-5 < fwd < 2e-2 and 1e-5 < bwd < 2e-2, f"rank {rank} {key}: forward {fwd:.1e}, gradient {bwd:.1e}"
 
 
 def test_four_ranks_1d_and_15d_match_single_process(four_ranks, reference):

@@ -21,5 +21,6 @@ def test_dist_spmm_over_nccl_matches_one_gpu():
            str(Path(__file__).with_name("nccl_spmm_check.py"))]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    cases = 2 * 2 * (2 if world >= 4 else 1)  # graphs x exchanges x replications (1.5D r=2 needs 4 ranks)
+    # graphs x exchanges x wire dtypes x replications (1.5D r=2 needs 4 ranks)
+    cases = 2 * 2 * 2 * (2 if world >= 4 else 1)
     assert run.stdout.count(" ok") == world * cases, run.stdout
