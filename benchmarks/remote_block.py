@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--graphs", nargs="+", default=["products-like", "archaea-like"])
     ap.add_argument("--parts", type=int, default=4)
     ap.add_argument("--features", nargs="+", type=int, default=[64, 128])
+    ap.add_argument("--dtypes", nargs="+", default=["fp32"], choices=["fp32", "bf16"],
+                    help="feature dtypes (bf16: what a run with bf16 on the wire multiplies the received rows in)")
     args = ap.parse_args()
     device = torch.device("cuda")
     for name in args.graphs:
@@ -56,8 +58,8 @@ def main() -> None:
         rs = torch.rand(rows, device=device, generator=gen) + 0.5
         cs = torch.rand(n, device=device, generator=gen) + 0.5
         side = torch.cuda.Stream()
-        for f in args.features:
-            x = torch.randn(n, f, device=device, generator=gen)
+        for f, dtype in ((f, d) for f in args.features for d in args.dtypes):
+            x = torch.randn(n, f, device=device, generator=gen).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
             calls = {
                 "rows": lambda: spmm(blocks["rows"], x, rs, cs),
                 "local": lambda: spmm(blocks["local"], x[:rows], rs, cs[:rows]),
@@ -76,10 +78,10 @@ def main() -> None:
             for kind, fn in calls.items():
                 adj = blocks.get(kind)
                 ms = time_fn(lambda _, fn=fn: fn(), [None], 20)[0]
-                row = {"graph": name, "F": f, "kind": kind, "ms": round(ms, 3)}
+                row = {"graph": name, "F": f, "dtype": dtype, "kind": kind, "ms": round(ms, 3)}
                 if adj is not None:
                     row |= {"nnz": adj.nnz, "per_row": round(adj.nnz / rows, 1), "dense_share": round(adj.dense_share, 3),
-                            "gathered_GB_per_s": round(adj.nnz * f * 4 / ms / 1e6, 1)}
+                            "gathered_GB_per_s": round(adj.nnz * f * x.element_size() / ms / 1e6, 1)}
                 print(json.dumps(row), flush=True)
 
 

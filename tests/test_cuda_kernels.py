@@ -12,15 +12,17 @@ The plan builder itself is checked on any machine by executing the plan's semant
 from __future__ import annotations
 
 import contextlib
+import re
 
 import pytest
 import torch
 
 import fgplugin
+from fgplugin._extension import source_dir
 from fgplugin.kernel_plan import build_plan, kernel_plans, plan_for
 from fgplugin.tiling import TiledAdjacency
 
-from fgplugin.testing import clustered_case, dense_spmm, graph_cases, rel_error
+from fgplugin.testing import clustered_case, dense_spmm, graph_cases, random_graph_case, rel_error
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (block-adaptive kernel)")
 requires_kernel = pytest.mark.skipif(
@@ -194,6 +196,26 @@ def test_fresh_random_graphs(fresh_seed, mode, F):
             with precision(mode):
                 out = _run(adj, plan, x, rs, cs, d)
             _check(case, out, x, rs, cs, d, TOL[mode], f"seed={seed} {mode} F={F} thr={threshold}")
+
+
+@requires_kernel
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+def test_remainder_pass_long_and_short_items(fresh_seed, mode):
+    """The remainder pass splits its work two ways when F is narrower than 32 vector lanes: one
+    item per warp when the items are long on average, one item per group of lanes when they are
+    short (the cut is kGroupedMaxMeanItem in the .cu file). A graph of long rows runs through both,
+    with chunk 256 (rows of ~288 entries: most split in two) and with chunk 8, at F < 32 lanes."""
+    source = (source_dir() / "cuda" / "block_adaptive_spmm.cu").read_text()
+    limit = int(re.search(r"kGroupedMaxMeanItem = (\d+);", source).group(1))
+    case = random_graph_case(fresh_seed, n_src=500, avg_degree=3 * limit)  # rows of ~288: most split at 256
+    adj = _adj(case).to("cuda")
+    for chunk, grouped in ((256, False), (8, True)):
+        plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=1.0, weighted=False, chunk=chunk)
+        rem_nnz, items = plan[7].numel(), plan[10].numel()
+        assert (rem_nnz <= limit * items) == grouped, (chunk, rem_nnz / items)
+        for F in (1, 7, 16, 48, 64):
+            x, rs, cs, d = _inputs(case, F, DTYPE[mode], fresh_seed + F)
+            _check(case, _run(adj, plan, x, rs, cs, d), x, rs, cs, d, TOL[mode], f"chunk={chunk} {mode} F={F}")
 
 
 @requires_kernel

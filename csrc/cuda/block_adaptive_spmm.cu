@@ -29,7 +29,8 @@
 //    out), times the row scale. Items of split rows write fp32 partials instead. The pass is bound
 //    by L2 throughput (ncu, reddit-like at 0.05: 93%, L1 hit rate 6%); feature chunks that keep
 //    x's slice in the L2 raised its hit rate from 54% to 84% but made it slower (the
-//    sparse_variants.json results).
+//    sparse_variants.json results). When one group covers F (L < 32) and the items are short
+//    (kGroupedMaxMeanItem), each group takes an item of its own instead (sparse_items_grouped).
 // 3. ba_combine_kernel: one warp per split row sums its partials in slot order and finishes it.
 //
 // Host code here only launches and reports errors as cudaError_t; the plan and arguments are
@@ -541,6 +542,7 @@ struct SparseParams {
   int64_t n_items, n_diag, F;
   int lanes;  // L: lanes per feature group (power of two <= 32)
   bool vec;
+  bool grouped;  // one item per group of L lanes (sparse_items_grouped) instead of one per warp
 };
 
 template <typename scalar_t, int V>
@@ -639,11 +641,116 @@ __device__ __forceinline__ void sparse_item(const SparseParams<scalar_t, index_t
   }
 }
 
+// One item per group of L lanes (L < 32: F fits in one pass of L lanes), 32 / L items per warp.
+// sparse_item spreads one item's entries over the groups and sums them by shuffles; on short rows
+// (products-like's rows received from other ranks: 16 entries) that left most of a warp's time to
+// the item's fixed latency chain (item bounds, column ids, column scales, epilogue). Here each
+// group walks its own item: the chain runs once per warp for 32 / L rows. The trip count is the
+// warp's longest item; shorter ones idle in the loads they skip.
+template <int V, typename scalar_t, typename index_t>
+__device__ __forceinline__ void sparse_items_grouped(const SparseParams<scalar_t, index_t>& p, int64_t item0,
+                                                     int lane) {
+  using IO = VecIO<scalar_t, V>;
+  const int L = p.lanes, grp = lane / L, sub = lane % L;
+  const int64_t F = p.F, item = item0 + grp;
+  const bool has_item = item < p.n_items;
+  int64_t row = 0, b = 0;
+  int len = 0, slot = -1;
+  if (has_item) {
+    row = p.item_row[item];
+    b = p.item_ptr[item];
+    len = static_cast<int>(p.item_ptr[item + 1] - b);  // <= chunk
+    slot = p.item_slot[item];
+  }
+  int longest = len;
+  for (int off = 16; off > 0; off >>= 1) longest = max(longest, __shfl_xor_sync(kFull, longest, off));
+  const int64_t f = static_cast<int64_t>(sub) * V;
+  const bool active = has_item && f < F;
+  float acc[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) acc[v] = 0.f;
+  for (int base = 0; base < longest; base += L) {
+    index_t j = 0;
+    float w = 0.f;
+    if (base + sub < len) {
+      const int64_t ee = b + base + sub;
+      j = p.rem_col[ee];
+      w = p.values != nullptr ? p.values[p.rem_eid[ee]] : 1.f;
+      if (p.cs != nullptr) w *= p.cs[j];
+    }
+    const int n = len - base;                    // this group's entries in the batch (may be <= 0)
+    const int steps = min(longest - base, L);    // the same in the whole warp
+    for (int kk = 0; kk < steps; kk += 4) {
+      index_t jj[4];
+      float ww[4];
+      bool ok[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int k = kk + u;
+        jj[u] = __shfl_sync(kFull, j, grp * L + (k & (L - 1)));
+        ww[u] = __shfl_sync(kFull, w, grp * L + (k & (L - 1)));
+        ok[u] = active && k < n && k < L;
+      }
+      float xv[4][V];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (ok[u]) {
+          IO::load(p.x + static_cast<int64_t>(jj[u]) * F + f, xv[u]);
+        } else {
+#pragma unroll
+          for (int v = 0; v < V; ++v) xv[u][v] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float wu = ok[u] ? ww[u] : 0.f;
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[v] = fmaf(wu, xv[u][v], acc[v]);
+      }
+    }
+  }
+  if (!active) return;
+  if (slot >= 0) {
+    store_partial<scalar_t, V>(p.partial + static_cast<int64_t>(slot) * F + f, acc);
+    return;
+  }
+  if (p.diag != nullptr && row < p.n_diag) {
+    const float dd = p.diag[row] * (p.cs != nullptr ? p.cs[row] : 1.f);
+    float xr[V];
+    IO::load(p.x + row * F + f, xr);
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = fmaf(dd, xr[v], acc[v]);
+  }
+  if (p.dpanel_dense[row >> 5] != 0) {
+    float dv[V];
+    IO::load_rw(p.out + row * F + f, dv);
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] += dv[v];
+  }
+  if (p.rs != nullptr) {
+    const float r = p.rs[row];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] *= r;
+  }
+  IO::store(p.out + row * F + f, acc);
+}
+
 template <typename scalar_t, typename index_t>
 __global__ void __launch_bounds__(kSparseWarps * 32) ba_sparse_kernel(const SparseParams<scalar_t, index_t> p) {
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kSparseWarps + threadIdx.x / 32;
-  if (item >= p.n_items) return;  // whole warps leave together
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kSparseWarps + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
+  if (p.grouped) {
+    const int64_t item0 = warp * (32 / p.lanes);
+    if (item0 >= p.n_items) return;  // whole warps leave together
+    if (p.vec) {
+      sparse_items_grouped<kVec<scalar_t>>(p, item0, lane);
+    } else {
+      sparse_items_grouped<1>(p, item0, lane);
+    }
+    return;
+  }
+  const int64_t item = warp;
+  if (item >= p.n_items) return;  // whole warps leave together
   const int64_t row = p.item_row[item];
   const int64_t b = p.item_ptr[item], e = p.item_ptr[item + 1];
   const int slot = p.item_slot[item];
@@ -680,6 +787,18 @@ __global__ void __launch_bounds__(kSparseWarps * 32)
 }
 
 // ------------------------------------------------------------------ host side
+// Grouped remainder pass (one item per group of L lanes) when the items are short. H100, forward,
+// community order, against one item per warp (benchmarks/results/h100/sparse_variants.json,
+// "sparse_grouped"): items of 16-48 entries (products-like, and the own and received-row blocks of
+// a 4-way split of products-like and archaea-like) ran up to 1.2x faster at bf16 and up to 1.4x on
+// the own blocks; items of 180-200 entries (reddit-like, proteins-like) went 0.93-1.05x, and at
+// 122 (archaea-like's whole row block) 0.97-1.05x. Hence a cut between those.
+constexpr int64_t kGroupedMaxMeanItem = 96;
+
+bool sparse_grouped(int64_t rem_nnz, int64_t n_items) {
+  return n_items > 0 && rem_nnz <= kGroupedMaxMeanItem * n_items;
+}
+
 template <typename T>
 const T* ptr_or_null(const at::Tensor& t) {
   return t.numel() ? t.data_ptr<T>() : nullptr;
@@ -755,6 +874,8 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
     const int64_t lanes_needed = vec ? (F + V - 1) / V : F;
     int lanes = 1;
     while (lanes < lanes_needed && lanes < 32) lanes <<= 1;
+    const bool grouped = lanes < 32 && sparse_grouped(rem_col.numel(), n_items);
+    const int64_t warps = grouped ? (n_items + 32 / lanes - 1) / (32 / lanes) : n_items;
     SparseParams<scalar_t, index_t> sp{ptr_or_null<index_t>(rem_col),
                                        weighted ? ptr_or_null<index_t>(rem_eid) : nullptr,
                                        item_ptr.data_ptr<index_t>(),
@@ -772,8 +893,9 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
                                        n_diag,
                                        F,
                                        lanes,
-                                       vec};
-    const int64_t blocks = (n_items + kSparseWarps - 1) / kSparseWarps;
+                                       vec,
+                                       grouped};
+    const int64_t blocks = (warps + kSparseWarps - 1) / kSparseWarps;
     ba_sparse_kernel<scalar_t, index_t><<<static_cast<unsigned>(blocks), kSparseWarps * 32, 0, stream>>>(sp);
   }
 
