@@ -28,6 +28,9 @@ def main():
     ap.add_argument("--replication", type=int, default=1, help="1 = 1D; r > 1 = 1.5D (needs r*r <= ranks)")
     ap.add_argument("--comm", choices=("auto", "sparse", "broadcast"), default="auto",
                     help="feature exchange; auto: sparse when ranks read at most half of the others' rows")
+    ap.add_argument("--wire", choices=("same", "bf16"), default="same",
+                    help="dtype of the exchanged feature rows: as computed, or bf16 (half the traffic; the "
+                         "received rows are multiplied in bf16)")
     ap.add_argument("--reorder", default="community", help="fgplugin.reorder method, or 'none'")
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--hidden", type=int, default=64)
@@ -39,7 +42,8 @@ def main():
     args = ap.parse_args()
 
     device = init_distributed(args.backend, timeout=args.timeout)
-    ctx = ShardingContext(args.replication, comm=args.comm)
+    ctx = ShardingContext(args.replication, comm=args.comm,
+                          comm_dtype=torch.bfloat16 if args.wire == "bf16" else None)
     rank = ctx.rank
     if args.graph in datasets.SUITE:
         data = datasets.community_graph(args.graph, seed=0, device=device)
