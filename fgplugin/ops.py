@@ -247,14 +247,16 @@ def _op_inputs(adj, x, row_scale, col_scale, diag, with_transpose: bool, name: s
             t_plan), features, pad
 
 
-def _vector_pad(x: torch.Tensor) -> int:
-    """Zero columns that make a CUDA ``x``'s rows whole 16-byte vectors (0 when they are).
+def _vector_pad(x: torch.Tensor, dtype: torch.dtype | None = None) -> int:
+    """Zero columns that make a CUDA ``x``'s rows whole 16-byte vectors (0 when they are), in
+    ``dtype`` (default: ``x``'s).
 
     Why: the CUDA kernels gather a neighbour's row with 16-byte loads only when F is a multiple
     of 4 (fp32) or 8 (16-bit); otherwise every element is a 4-byte load. On reddit-like (H200)
     the F=41 SpMMs of a GCN's output layer took about as long as the F=128 ones. Padding costs
     two n x F copies; the backward pads the gradient the same way (autograd of pad and slice)."""
-    if x.device.type != "cuda" or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    dtype = x.dtype if dtype is None else dtype
+    if x.device.type != "cuda" or dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return 0
-    per_vector = 16 // x.element_size()
+    per_vector = 16 // dtype.itemsize
     return -x.shape[1] % per_vector

@@ -153,6 +153,18 @@ def _dense_reference(ei, n, norm):
     return a
 
 
+def _output_and_input_grad(graph, h, weight):
+    """This rank's rows of dist_spmm(graph, h) and of the gradient of sum(out * weight) in h
+    (summed over the replicas, which hold partial gradients)."""
+    h_local = graph.rows(h).requires_grad_()
+    out = dist_spmm(graph, h_local)
+    (out * graph.rows(weight)).sum().div(graph.ctx.replication).backward()
+    grad = h_local.grad.clone()
+    if graph.ctx.row_group is not None:
+        dist.all_reduce(grad, group=graph.ctx.row_group)
+    return out.detach(), grad
+
+
 def _spmm_cases(configs):
     """Forward and input gradient of dist_spmm against a dense float64 reference, on the directed
     odd graph (transposed backward) and on it made symmetric (the backward is the forward product
@@ -168,15 +180,10 @@ def _spmm_cases(configs):
                 ctx = ShardingContext(replication, comm=comm)
                 graph = ShardedGraph.from_edge_index(ctx, edges, n, perm=_perm(n, perm_kind), norm=norm)
                 a = _dense_reference(edges, n, norm)
-                h_local = graph.rows(h).requires_grad_()
-                out = dist_spmm(graph, h_local)
-                (out * graph.rows(weight)).sum().div(replication).backward()
-                grad = h_local.grad.clone()
-                if ctx.row_group is not None:  # replicas hold partial gradients
-                    dist.all_reduce(grad, group=ctx.row_group)
+                out, grad = _output_and_input_grad(graph, h, weight)
                 ids = graph.global_ids()
                 errors[(kind, replication, comm, perm_kind, norm)] = (
-                    relative_error(out.detach(), (a @ h)[ids]), relative_error(grad, (a.t() @ weight)[ids]),
+                    relative_error(out, (a @ h)[ids]), relative_error(grad, (a.t() @ weight)[ids]),
                     graph.symmetric)
     return errors
 
@@ -194,14 +201,9 @@ def _bf16_wire_cases():
         for replication, comm in ((1, "broadcast"), (1, "sparse"), (2, "broadcast"), (2, "sparse")):
             ctx = ShardingContext(replication, comm=comm, comm_dtype=torch.bfloat16)
             graph = ShardedGraph.from_edge_index(ctx, edges, n, perm=_perm(n, "random"))
-            h_local = graph.rows(h).float().requires_grad_()
-            out = dist_spmm(graph, h_local)
-            (out * graph.rows(weight).float()).sum().div(replication).backward()
-            grad = h_local.grad.clone()
-            if ctx.row_group is not None:
-                dist.all_reduce(grad, group=ctx.row_group)
+            out, grad = _output_and_input_grad(graph, h.float(), weight.float())
             ids = graph.global_ids()
-            errors[(kind, replication, comm)] = (relative_error(out.detach().double(), (a @ h)[ids]),
+            errors[(kind, replication, comm)] = (relative_error(out.double(), (a @ h)[ids]),
                                                  relative_error(grad.double(), (a.t() @ weight)[ids]),
                                                  out.dtype, grad.dtype)
     return errors

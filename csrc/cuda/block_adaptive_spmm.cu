@@ -556,10 +556,74 @@ __device__ __forceinline__ void store_partial(float* p, const float (&v)[V]) {
   }
 }
 
+// Column id and weight (edge value times column scale) of remainder entry ee.
+template <typename scalar_t, typename index_t>
+__device__ __forceinline__ void remainder_entry(const SparseParams<scalar_t, index_t>& p, int64_t ee, index_t& j,
+                                                float& w) {
+  j = p.rem_col[ee];
+  w = p.values != nullptr ? p.values[p.rem_eid[ee]] : 1.f;
+  if (p.cs != nullptr) w *= p.cs[j];
+}
+
+// acc += sum_u ww[u] * x[jj[u], f : f + V] over the entries with ok[u]; the 4 rows are loaded
+// before their FMAs, so their loads are in flight together.
+template <int V, typename scalar_t, typename index_t>
+__device__ __forceinline__ void gather4(const SparseParams<scalar_t, index_t>& p, int64_t f, const index_t (&jj)[4],
+                                        const float (&ww)[4], const bool (&ok)[4], float (&acc)[V]) {
+  using IO = VecIO<scalar_t, V>;
+  float xv[4][V];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    if (ok[u]) {
+      IO::load(p.x + static_cast<int64_t>(jj[u]) * p.F + f, xv[u]);
+    } else {
+#pragma unroll
+      for (int v = 0; v < V; ++v) xv[u][v] = 0.f;
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float wu = ok[u] ? ww[u] : 0.f;
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = fmaf(wu, xv[u][v], acc[v]);
+  }
+}
+
+// An item's sum for features [f, f + V): an fp32 partial (slot >= 0; the combine pass finishes the
+// row), or the finished row: + diag term + dense partial (read back from out), times the row scale.
+template <int V, typename scalar_t, typename index_t>
+__device__ __forceinline__ void finish_item(const SparseParams<scalar_t, index_t>& p, int64_t row, int slot,
+                                            bool has_dense, int64_t f, float (&acc)[V]) {
+  using IO = VecIO<scalar_t, V>;
+  const int64_t F = p.F;
+  if (slot >= 0) {
+    store_partial<scalar_t, V>(p.partial + static_cast<int64_t>(slot) * F + f, acc);
+    return;
+  }
+  if (p.diag != nullptr && row < p.n_diag) {
+    const float dd = p.diag[row] * (p.cs != nullptr ? p.cs[row] : 1.f);
+    float xr[V];
+    IO::load(p.x + row * F + f, xr);
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = fmaf(dd, xr[v], acc[v]);
+  }
+  if (has_dense) {
+    float dv[V];
+    IO::load_rw(p.out + row * F + f, dv);
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] += dv[v];
+  }
+  if (p.rs != nullptr) {
+    const float r = p.rs[row];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] *= r;
+  }
+  IO::store(p.out + row * F + f, acc);
+}
+
 template <int V, typename scalar_t, typename index_t>
 __device__ __forceinline__ void sparse_item(const SparseParams<scalar_t, index_t>& p, int64_t row, int64_t b,
                                             int64_t e, int slot, int lane) {
-  using IO = VecIO<scalar_t, V>;
   const int L = p.lanes, G = 32 / L, grp = lane / L, sub = lane % L;
   const int64_t F = p.F;
   const bool has_dense = p.dpanel_dense[row >> 5] != 0;
@@ -573,11 +637,7 @@ __device__ __forceinline__ void sparse_item(const SparseParams<scalar_t, index_t
       const int64_t ee = base + lane;
       index_t j = 0;
       float w = 0.f;
-      if (ee < e) {
-        j = p.rem_col[ee];
-        w = p.values != nullptr ? p.values[p.rem_eid[ee]] : 1.f;
-        if (p.cs != nullptr) w *= p.cs[j];
-      }
+      if (ee < e) remainder_entry(p, ee, j, w);
       const int n = static_cast<int>(e - base < 32 ? e - base : 32);
       const int iters = (n + G - 1) / G;
       for (int kk = 0; kk < iters; kk += 4) {
@@ -591,53 +651,14 @@ __device__ __forceinline__ void sparse_item(const SparseParams<scalar_t, index_t
           ww[u] = __shfl_sync(kFull, w, k & 31);
           ok[u] = active && k < n;
         }
-        float xv[4][V];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          if (ok[u]) {
-            IO::load(p.x + static_cast<int64_t>(jj[u]) * F + f, xv[u]);
-          } else {
-#pragma unroll
-            for (int v = 0; v < V; ++v) xv[u][v] = 0.f;
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const float wu = ok[u] ? ww[u] : 0.f;
-#pragma unroll
-          for (int v = 0; v < V; ++v) acc[v] = fmaf(wu, xv[u][v], acc[v]);
-        }
+        gather4<V>(p, f, jj, ww, ok, acc);
       }
     }
     for (int off = L; off < 32; off <<= 1) {
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[v] += __shfl_xor_sync(kFull, acc[v], off);
     }
-    if (grp == 0 && active) {
-      if (slot >= 0) {
-        store_partial<scalar_t, V>(p.partial + static_cast<int64_t>(slot) * F + f, acc);
-      } else {
-        if (p.diag != nullptr && row < p.n_diag) {
-          const float dd = p.diag[row] * (p.cs != nullptr ? p.cs[row] : 1.f);
-          float xr[V];
-          IO::load(p.x + row * F + f, xr);
-#pragma unroll
-          for (int v = 0; v < V; ++v) acc[v] = fmaf(dd, xr[v], acc[v]);
-        }
-        if (has_dense) {
-          float dv[V];
-          IO::load_rw(p.out + row * F + f, dv);
-#pragma unroll
-          for (int v = 0; v < V; ++v) acc[v] += dv[v];
-        }
-        if (p.rs != nullptr) {
-          const float r = p.rs[row];
-#pragma unroll
-          for (int v = 0; v < V; ++v) acc[v] *= r;
-        }
-        IO::store(p.out + row * F + f, acc);
-      }
-    }
+    if (grp == 0 && active) finish_item<V>(p, row, slot, has_dense, f, acc);
   }
 }
 
@@ -650,9 +671,8 @@ __device__ __forceinline__ void sparse_item(const SparseParams<scalar_t, index_t
 template <int V, typename scalar_t, typename index_t>
 __device__ __forceinline__ void sparse_items_grouped(const SparseParams<scalar_t, index_t>& p, int64_t item0,
                                                      int lane) {
-  using IO = VecIO<scalar_t, V>;
   const int L = p.lanes, grp = lane / L, sub = lane % L;
-  const int64_t F = p.F, item = item0 + grp;
+  const int64_t item = item0 + grp;
   const bool has_item = item < p.n_items;
   int64_t row = 0, b = 0;
   int len = 0, slot = -1;
@@ -665,19 +685,14 @@ __device__ __forceinline__ void sparse_items_grouped(const SparseParams<scalar_t
   int longest = len;
   for (int off = 16; off > 0; off >>= 1) longest = max(longest, __shfl_xor_sync(kFull, longest, off));
   const int64_t f = static_cast<int64_t>(sub) * V;
-  const bool active = has_item && f < F;
+  const bool active = has_item && f < p.F;
   float acc[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[v] = 0.f;
   for (int base = 0; base < longest; base += L) {
     index_t j = 0;
     float w = 0.f;
-    if (base + sub < len) {
-      const int64_t ee = b + base + sub;
-      j = p.rem_col[ee];
-      w = p.values != nullptr ? p.values[p.rem_eid[ee]] : 1.f;
-      if (p.cs != nullptr) w *= p.cs[j];
-    }
+    if (base + sub < len) remainder_entry(p, b + base + sub, j, w);
     const int n = len - base;                    // this group's entries in the batch (may be <= 0)
     const int steps = min(longest - base, L);    // the same in the whole warp
     for (int kk = 0; kk < steps; kk += 4) {
@@ -691,48 +706,10 @@ __device__ __forceinline__ void sparse_items_grouped(const SparseParams<scalar_t
         ww[u] = __shfl_sync(kFull, w, grp * L + (k & (L - 1)));
         ok[u] = active && k < n && k < L;
       }
-      float xv[4][V];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        if (ok[u]) {
-          IO::load(p.x + static_cast<int64_t>(jj[u]) * F + f, xv[u]);
-        } else {
-#pragma unroll
-          for (int v = 0; v < V; ++v) xv[u][v] = 0.f;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const float wu = ok[u] ? ww[u] : 0.f;
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[v] = fmaf(wu, xv[u][v], acc[v]);
-      }
+      gather4<V>(p, f, jj, ww, ok, acc);
     }
   }
-  if (!active) return;
-  if (slot >= 0) {
-    store_partial<scalar_t, V>(p.partial + static_cast<int64_t>(slot) * F + f, acc);
-    return;
-  }
-  if (p.diag != nullptr && row < p.n_diag) {
-    const float dd = p.diag[row] * (p.cs != nullptr ? p.cs[row] : 1.f);
-    float xr[V];
-    IO::load(p.x + row * F + f, xr);
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] = fmaf(dd, xr[v], acc[v]);
-  }
-  if (p.dpanel_dense[row >> 5] != 0) {
-    float dv[V];
-    IO::load_rw(p.out + row * F + f, dv);
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] += dv[v];
-  }
-  if (p.rs != nullptr) {
-    const float r = p.rs[row];
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] *= r;
-  }
-  IO::store(p.out + row * F + f, acc);
+  if (active) finish_item<V>(p, row, slot, p.dpanel_dense[row >> 5] != 0, f, acc);
 }
 
 template <typename scalar_t, typename index_t>

@@ -549,7 +549,7 @@ def _vector_padded(product, x: torch.Tensor, wire: torch.dtype | None = None) ->
     columns travel (F=47 -> 48: 2% more bytes) and every product runs on them as they are; the
     results are the same numbers."""
     x = x.contiguous()
-    pad = max(_vector_pad(x), _vector_pad(x[:0].to(wire)) if wire is not None else 0)
+    pad = max(_vector_pad(x), _vector_pad(x, wire) if wire is not None else 0)
     if not pad:
         return product(x)
     return product(torch.nn.functional.pad(x, (0, pad)))[:, :x.shape[1]].contiguous()
