@@ -72,6 +72,24 @@ def kernel_plans(adj, x: torch.Tensor, with_transpose: bool) -> tuple[list[torch
     return plan, t_plan
 
 
+def prepare_plans(adj, dtype: torch.dtype = torch.float32, with_transpose: bool = True) -> float | None:
+    """Builds ``adj``'s block-adaptive plans for features of ``dtype`` now (running the
+    ``threshold="auto"`` probe first if the adjacency asks for it), instead of in the first
+    forward and backward pass; returns the threshold in use, or ``None`` where the plain kernels
+    run (off CUDA, float64, block-adaptive kernel unavailable).
+
+    Why: a training loop's first step otherwise pays for the probe and the plans (about 1 s on a
+    100M-edge graph on an H100), which belongs with preprocessing, where benchmarks count it."""
+    probe = torch.empty(0, 1, dtype=dtype, device=adj.device)
+    plan, _ = kernel_plans(adj, probe, with_transpose)
+    if not plan:
+        return None
+    threshold = adj.tiles.threshold
+    if isinstance(threshold, str):
+        threshold = adj._shared[("auto_threshold", adj.tiles.tile_size, adj.device, _dtype_class(dtype))]
+    return float(threshold)
+
+
 def _dtype_class(dtype: torch.dtype) -> str:
     return "fp32" if dtype == torch.float32 else "16bit"
 

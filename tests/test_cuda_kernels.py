@@ -19,7 +19,7 @@ import torch
 
 import fgplugin
 from fgplugin._extension import source_dir
-from fgplugin.kernel_plan import build_plan, kernel_plans, plan_for
+from fgplugin.kernel_plan import build_plan, kernel_plans, plan_for, prepare_plans
 from fgplugin.tiling import TiledAdjacency
 
 from fgplugin.testing import clustered_case, dense_spmm, graph_cases, random_graph_case, rel_error
@@ -283,6 +283,45 @@ def test_auto_threshold_probe():
     out = fgplugin.spmm(auto, x)
     assert auto._shared[("auto_threshold", 32, auto.device, "fp32")] in CANDIDATES
     assert rel_error(out, fgplugin.spmm(adj, x)) <= 1e-5
+    # prepare_plans: the probe's choice and both plans, built before the first product.
+    fresh = _adj(case).to("cuda").with_tiles(threshold="auto")
+    chosen = prepare_plans(fresh)  # its own probe (close candidates may come out in another order)
+    assert chosen in CANDIDATES and chosen == fresh._shared[("auto_threshold", 32, fresh.device, "fp32")]
+    assert {k[1] for k in fresh._shared if k[0] == "kernel_plan" and k[3] == chosen} == {False, True}
+    assert prepare_plans(fresh, torch.float64) is None  # float64 runs the plain CSR kernel
+
+
+@requires_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gcn_layer_pads_the_weight_on_cuda(dtype, monkeypatch):
+    """fgplugin.pyg.GCNConv with 47 output channels: the SpMM runs on the 48 columns (whole
+    16-byte rows at fp32 and bf16) made by the padded weight (no pad or cut copies), and outputs and gradients match
+    the stock layer on the GPU."""
+    pyg_nn = pytest.importorskip("torch_geometric.nn")
+    import fgplugin.pyg as fp
+    from fgplugin import ops
+
+    widths, call_spmm = [], ops._call_spmm
+    monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
+    case = clustered_case(2, n_src=3000, max_hub_edges=900)
+    edge_index = case.edge_index.cuda()
+    torch.manual_seed(0)
+    stock = pyg_nn.GCNConv(64, 47).cuda()  # the fp32 stock layer is the reference for both dtypes
+    ours = fp.GCNConv(64, 47).cuda().to(dtype)
+    ours.load_state_dict(stock.state_dict())
+    x = torch.randn(case.num_nodes, 64, device="cuda")
+    outs, grads = [], []
+    for layer, xd in ((stock, x), (ours, x.to(dtype))):
+        xi = xd.clone().requires_grad_()
+        out = layer(xi, edge_index)
+        out.float().square().sum().backward()
+        outs.append(out)
+        grads.append([xi.grad] + [p.grad for p in layer.parameters()])
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert outs[1].is_contiguous() and rel_error(outs[1], outs[0]) <= tol
+    for g_ours, g_stock in zip(grads[1], grads[0]):
+        assert rel_error(g_ours, g_stock) <= tol
+    assert widths and set(widths) == {48}
 
 
 @requires_kernel

@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     elif args.suite == "reorder":
         graphs = _list(args.graphs) or list(epoch.GPU_GRAPHS if device.type == "cuda" else epoch.CPU_GRAPHS)
         epochs = args.epochs or 20
-        extra_keys.update(epochs_timed=epochs, warmup=args.warmup, tile_size=32, threshold=0.05)
+        extra_keys.update(epochs_timed=epochs, warmup=args.warmup, tile_size=32, threshold="auto")
 
         rows = epoch.run_reorder_suite(graphs, [o for o in orders if o != "original"], epochs, device, args.hidden,
                                        warmup=args.warmup, progress=bar, log=_log, checkpoint=checkpoint)

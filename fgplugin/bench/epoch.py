@@ -9,7 +9,8 @@ Per (graph, order, impl) it records:
   median, min and max of ``epochs`` steps; ``peak_mem_bytes`` on a GPU
   (``max_memory_allocated`` after ``reset_peak_memory_stats``; ``None`` on the CPU);
 - ``op="preprocess"``: the order's reordering time (fgplugin's ``reorder``; 0 on the original
-  order) plus the impl's own graph setup (fgplugin: the tile plan; DGL: the graph with self
+  order) plus the impl's own graph setup (fgplugin: the tile plan, the ``threshold="auto"``
+  probe and the CUDA kernel plans, ``baselines.fgplugin_adjacency``; DGL: the graph with self
   loops; the CSR baselines: their CSRs);
 - ``op="train200"``: preprocessing + 200 x the median epoch (an estimate, ``estimated: true``).
 
@@ -25,6 +26,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from fgplugin.kernel_plan import prepare_plans
 
 from . import baselines
 from .baselines import IMPLS, VARIANTS, ImplUnavailable
@@ -105,7 +108,6 @@ def reordered(problem: Problem, method: str, seed: int = 0, parts: int = 1) -> P
     """``problem`` with node ids in ``method``'s order (fgplugin.reorder; block-wise over ``parts``
     ranges when > 1), with the tile plan built; ``reorder_s`` and ``plan_s`` record the two
     preprocessing times."""
-    from fgplugin import TiledAdjacency
     from fgplugin.reorder import inverse_permutation, reorder
 
     sync = _sync(problem.x.device)
@@ -116,7 +118,7 @@ def reordered(problem: Problem, method: str, seed: int = 0, parts: int = 1) -> P
     reorder_s = time.perf_counter() - start
     edge_index = inverse_permutation(perm)[problem.edge_index]
     start = time.perf_counter()
-    adj = TiledAdjacency.from_edge_index(edge_index, problem.num_nodes, perm=perm)
+    adj = baselines.fgplugin_adjacency(edge_index, problem.num_nodes, perm=perm)
     sync()
     plan_s = time.perf_counter() - start
     order = method if parts == 1 else f"{method}-blockwise{parts}"
@@ -189,8 +191,10 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
         weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, device)
         adj = problem.adj if impl == "fgplugin" else None
         model, graph, setup_s = baselines.build(impl, weights, problem.edge_index, problem.num_nodes, adj=adj)
-        if impl == "fgplugin" and adj is not None:
-            setup_s += problem.plan_s  # the tile plan was built with the reordering
+        if impl == "fgplugin":
+            if adj is not None:
+                setup_s += problem.plan_s  # the tile plan was built with the reordering
+            common["threshold"] = prepare_plans(graph)  # cached: the probe's choice (None off CUDA)
         torch.manual_seed(seed)
         times, peak = time_steps(model, graph, problem, epochs, warmup)
     except Exception as err:  # noqa: BLE001 - a failed row keeps its place
