@@ -23,13 +23,15 @@ class BlockReorder(BaseTransform):
         method (str): ordering, one of ``fgplugin.reorder.METHODS`` (default ``"community"``).
         parts (int): Algorithm 2's block-wise reordering over ``parts`` equal node ranges.
         seed (int): seed of the ordering.
-        tile_size, threshold: tile plan options.
+        tile_size, threshold: tile plan options; ``threshold="auto"`` (the default) lets the
+            CUDA kernel time the candidate thresholds on the graph once, at its first use there
+            (about 1 s on a 100M-edge graph on an H100; see ``fgplugin.autotune``).
         cache (bool or path): cache the reordering on disk (see ``fgplugin.preprocess``).
         edge_weight_key (str): edge attribute used as edge weights when present.
     """
 
     def __init__(self, method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,
-                 threshold: float = 0.05, cache=False, edge_weight_key: str = "edge_weight"):
+                 threshold: float | str = "auto", cache=False, edge_weight_key: str = "edge_weight"):
         self.method, self.parts, self.seed = method, parts, seed
         self.tile_size, self.threshold, self.cache = tile_size, threshold, cache
         self.edge_weight_key = edge_weight_key
