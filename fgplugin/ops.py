@@ -254,9 +254,21 @@ def _vector_pad(x: torch.Tensor, dtype: torch.dtype | None = None) -> int:
     Why: the CUDA kernels gather a neighbour's row with 16-byte loads only when F is a multiple
     of 4 (fp32) or 8 (16-bit); otherwise every element is a 4-byte load. On reddit-like (H200)
     the F=41 SpMMs of a GCN's output layer took about as long as the F=128 ones. Padding costs
-    two n x F copies; the backward pads the gradient the same way (autograd of pad and slice)."""
-    dtype = x.dtype if dtype is None else dtype
-    if x.device.type != "cuda" or dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        return 0
+    two n x F copies; the backward pads the gradient the same way (autograd of pad and slice).
+    Layers that make their input by a matmul avoid both by padding the weight instead
+    (:func:`padded_width`)."""
+    return padded_width(x.shape[1], x.dtype if dtype is None else dtype, x.device) - x.shape[1]
+
+
+def padded_width(features: int, dtype: torch.dtype, device: torch.device) -> int:
+    """The width to which :func:`spmm` pads ``features`` columns of ``dtype`` on ``device``
+    (whole 16-byte rows on CUDA; ``features`` itself elsewhere).
+
+    A layer that computes ``spmm(adj, x @ W)`` can multiply by ``W`` padded with zero columns
+    to this width and take the first ``features`` columns of the product: the op then gets
+    whole vectors as they are, and neither pads its input nor cuts its output (two
+    ``[n, features]`` copies in the forward pass, two in the backward)."""
+    if torch.device(device).type != "cuda" or dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return features
     per_vector = 16 // dtype.itemsize
-    return -x.shape[1] % per_vector
+    return features + -features % per_vector

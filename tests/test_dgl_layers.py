@@ -144,6 +144,29 @@ def test_graphconv_matches_stock(norm, case, idtype):
         run_pair(stock, ours, graph, (feat, torch.randn(graph.num_dst_nodes(), 3)))
 
 
+@pytest.mark.parametrize("case", ["homo-loops", "bipartite"])
+def test_graphconv_pads_the_weight_not_the_features(case, monkeypatch):
+    """Where the kernel wants wider rows (on CUDA 3 -> 4 columns at fp32), W gets the zero
+    columns, so the SpMM runs on X W as it comes; forced here on the CPU: the SpMM sees 4
+    columns, and outputs and gradients match stock (with and without bias, 2-D and 3-D)."""
+    from fgplugin import ops
+    from fgplugin.dgl import convs
+
+    monkeypatch.setattr(convs, "padded_width", lambda features, dtype, device: features + -features % 4)
+    widths, call_spmm = [], ops._call_spmm
+    monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
+    graph = graph_case(case)
+    weight = torch.rand(graph.num_edges()) + 0.1
+    for feat, options in [(torch.randn(graph.num_src_nodes(), 5), {}),
+                          (torch.randn(graph.num_src_nodes(), 5), {"bias": False}),
+                          (torch.randn(graph.num_src_nodes(), 2, 5), {"bias": False})]:
+        widths.clear()
+        stock, ours = make_pair("GraphConv", 5, 3, norm="both", allow_zero_in_degree=True, **options)
+        out = run_pair(stock, ours, graph, feat, weight)
+        assert out.is_contiguous() and out.shape == (graph.num_dst_nodes(), *feat.shape[1:-1], 3)
+        assert len(widths) >= 2 and set(widths) == {4 * feat[0].numel() // 5}  # every product, padded through W
+
+
 def test_graphconv_multidimensional_features():
     graph = graph_case("homo-loops")
     stock, ours = make_pair("GraphConv", 5, 3, norm="none")

@@ -144,6 +144,27 @@ def test_sage_bipartite_matches_stock(fgplugin_only):
     assert rel_err(ours((x_src, x_dst), adj_t), stock((x_src, x_dst), ei)) < TOL
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("kind", [_ei_w, _csr], ids=lambda k: k.__name__.strip("_"))
+def test_gcn_pads_the_weight_not_the_features(kind, bias, monkeypatch, fgplugin_only):
+    """Where the kernel wants wider rows (on CUDA 6 -> 8 columns at fp32), W gets the zero
+    rows, so the SpMM runs on X W as it comes; forced here on the CPU: the SpMM sees 8 columns,
+    and outputs and gradients (x, W, bias, edge weights) match stock, the output contiguous."""
+    from fgplugin import ops
+    from fgplugin.pyg import gcn_conv
+
+    monkeypatch.setattr(gcn_conv, "padded_width", lambda features, dtype, device: features + -features % 4)
+    widths, call_spmm = [], ops._call_spmm
+    monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
+    ei, w, n = graph_case("messy")
+    stock, ours = make_pair("gcn", lambda cls: cls(8, 6, bias=bias))
+    w_s, w_o = w.clone().requires_grad_(), w.clone().requires_grad_()
+    x = torch.randn(n, 8)
+    assert_same(stock, ours, x, kind(ei, w_s, n), kind(ei, w_o, n), [(w_s, w_o)])
+    assert len(widths) >= 2 and set(widths) == {8}  # forward and backward products, padded through W
+    assert ours(x, *kind(ei, w_o, n)).is_contiguous()
+
+
 @pytest.mark.parametrize("name", ["cora", "citeseer", "chameleon"])
 def test_real_graphs_match_stock(name, fgplugin_only):
     from fgplugin.datasets import load_npz, require_shared_data

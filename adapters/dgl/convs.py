@@ -15,6 +15,7 @@ from torch import Tensor
 
 import fgplugin
 from fgplugin import TiledAdjacency
+from fgplugin.ops import padded_width
 
 from ._import_shim import import_dgl
 
@@ -56,6 +57,21 @@ def _spmm(adj: TiledAdjacency, x: Tensor, row_scale=None, col_scale=None) -> Ten
     return out.view(out.shape[0], *x.shape[1:])
 
 
+def _aggregate_transformed(adj: TiledAdjacency, x: Tensor, weight: Tensor | None, row_scale, col_scale) -> Tensor:
+    """``A (X W)`` (``A X`` without a weight). Where the kernel wants wider rows than W's
+    columns (47 on CUDA: 48), ``W`` gets zero columns so that ``X W`` comes out that wide and the
+    SpMM takes it as it is, instead of padding a copy and cutting its output back (see
+    ``fgplugin.ops.padded_width``); the result is cut as a view, read once by what follows."""
+    if weight is None:
+        return _spmm(adj, x, row_scale, col_scale)
+    out_feats = weight.shape[1]
+    width = padded_width(out_feats, x.dtype, x.device)
+    if width == out_feats:
+        return _spmm(adj, torch.matmul(x, weight), row_scale, col_scale)
+    padded = torch.nn.functional.pad(weight, (0, width - out_feats))
+    return _spmm(adj, torch.matmul(x, padded), row_scale, col_scale)[..., :out_feats]
+
+
 def _served(graph, feat_src: Tensor, edge_weight) -> Structure | None:
     """The graph's structure, carrying ``edge_weight``, when fgplugin can run this call; else
     ``None``, and the stock code runs (with its errors)."""
@@ -94,7 +110,7 @@ class GraphConv(dgl_conv.GraphConv):
         row_scale, col_scale, _ = adj.norm(self._norm)
         weight = self.weight if weight is None else weight
         if self._in_feats > self._out_feats:  # multiply by W first: aggregate fewer columns
-            rst = _spmm(adj, feat_src if weight is None else torch.matmul(feat_src, weight), row_scale, col_scale)
+            rst = _aggregate_transformed(adj, feat_src, weight, row_scale, col_scale)
         else:
             rst = _spmm(adj, feat_src, row_scale, col_scale)
             if weight is not None:
@@ -103,7 +119,7 @@ class GraphConv(dgl_conv.GraphConv):
             rst = rst + self.bias
         if self._activation is not None:
             rst = self._activation(rst)
-        return rst
+        return rst.contiguous()  # a no-op but after _aggregate_transformed's cut with nothing after it
 
 
 class SAGEConv(dgl_conv.SAGEConv):
