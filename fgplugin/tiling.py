@@ -41,14 +41,21 @@ class TilePlan:
         return self.tile_col.numel()
 
 
+def tile_counts(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], tile_size: int):
+    """``(tiles, counts)``: the ids of the non-empty ``tile_size`` tiles (row panel *
+    column panels + column panel, ascending) and their non-zero counts."""
+    n_col_panels = max(1, -(-shape[1] // tile_size))
+    rows = rows_of_edges(rowptr, col.numel())
+    keys = (rows // tile_size) * n_col_panels + col.long() // tile_size
+    return torch.unique(keys, return_counts=True)
+
+
 def build_tile_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], tile_size: int,
                     threshold: float) -> TilePlan:
     n_rows, n_cols = shape
     n_panels = -(-n_rows // tile_size)
     n_col_panels = max(1, -(-n_cols // tile_size))
-    rows = rows_of_edges(rowptr, col.numel())
-    keys = (rows // tile_size) * n_col_panels + col.long() // tile_size
-    tiles, counts = torch.unique(keys, return_counts=True)  # sorted: panel-major, then column panel
+    tiles, counts = tile_counts(rowptr, col, shape, tile_size)
     density = DEFAULT_THRESHOLD if threshold == "auto" else threshold
     dense = counts > density * tile_size * tile_size
     dense_tiles = tiles[dense]

@@ -270,7 +270,7 @@ def test_bf16_backward_and_plan_cache():
 
 @requires_kernel
 def test_auto_threshold_probe():
-    from fgplugin.autotune import CANDIDATES, choose_threshold
+    from fgplugin.autotune import CANDIDATES, choose_threshold, probe_thresholds
 
     case = clustered_case(4, n_src=2000, max_hub_edges=900)
     adj = _adj(case).to("cuda")
@@ -289,6 +289,12 @@ def test_auto_threshold_probe():
     assert chosen in CANDIDATES and chosen == fresh._shared[("auto_threshold", 32, fresh.device, "fp32")]
     assert {k[1] for k in fresh._shared if k[0] == "kernel_plan" and k[3] == chosen} == {False, True}
     assert prepare_plans(fresh, torch.float64) is None  # float64 runs the plain CSR kernel
+    # No tile above the lowest candidate: every candidate is the same plan, timed once, and the
+    # choice is 1.0 (no dense tiles).
+    scattered = _adj(random_graph_case(3, n_src=5000, avg_degree=5)).to("cuda")
+    times = probe_thresholds(scattered)
+    assert set(times) == set(CANDIDATES) and len(set(times.values())) == 1
+    assert choose_threshold(scattered) == 1.0
 
 
 @requires_kernel
