@@ -10,13 +10,18 @@
 //    on the community-ordered suite), with the 32 column scales and the tiles' words or (weighted)
 //    32x32 edge values. Warp w owns columns [16w, 16w+16) of the chunk for all 128 rows (8 m16
 //    tiles), so each X element is turned into a B fragment once per stage. Col scales are applied
-//    to X (fp32) or to A (bf16/fp16).
+//    to X (fp32, and bf16/fp16 with unit weights) or to A (weighted bf16/fp16).
 //      fp32 accurate: m16n8k8 TF32 with X split x = hi + lo by truncation (2 MMAs per product on
 //        unit weights, whose A = 0/1 is exact; 3 with weights). The unit A fragments come from
 //        dtile_frag, one word per lane, at 2 integer ops per value: the kernel was issue-bound on
 //        building them from row bitmaps (ncu: ALU pipe 62%, L2 30% on reddit-like).
 //      fp32 with TF32 allowed by PyTorch: 1 MMA (X rounded to TF32).
-//      bf16 / fp16: m16n8k16 with B fragments by ldmatrix.trans, fp32 accumulation.
+//      bf16 / fp16: m16n8k16 with B fragments by ldmatrix.trans, fp32 accumulation. With unit
+//        weights the A fragments come from dtile_frag too: X's 32 rows are staged in a k order
+//        (k_row) under which the m16n8k8 bits of a lane are its m16n8k16 A values, and the column
+//        scales go on B. Before, each A value was built from the row bitmaps and its column scale
+//        (H100, bf16 dense kernel: proteins-like 0.669 -> 0.601 ms, reddit-like 0.772 -> 0.723,
+//        products-like at 0.05 1.735 -> 1.652; benchmarks/results/h100/dense16_frag.json).
 //    It writes the raw dense partial (no scales) of the block's panels with tiles into out (in x's
 //    dtype).
 // 2. ba_sparse_kernel: one warp per work item (a chunk of <= `chunk` remainder entries of one row;
@@ -275,6 +280,21 @@ __device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) 
   lo = __float_as_uint(v - __uint_as_float(hi));
 }
 
+// Shared-memory row of the stage's column r (0..31). With PERMUTE, column 16 s + 4 h + t goes to
+// k slot 2 t + (h & 1) + 8 (h >> 1) of MMA step s: the m16n8k16 A fragment of lane (g, t) covers
+// k slots 2t, 2t+1, 2t+8, 2t+9, which then hold columns t, t+4, t+8, t+12, the columns of that
+// lane's bits in dtile_frag (the m16n8k8 layout). A k permutation applied to both A's columns and
+// B's rows leaves the product unchanged.
+template <bool PERMUTE>
+__device__ __forceinline__ int k_row(int r) {
+  if constexpr (!PERMUTE) {
+    return r;
+  } else {
+    const int h = (r >> 2) & 3, t = r & 3;
+    return (r & 16) + 2 * t + (h & 1) + 8 * (h >> 1);
+  }
+}
+
 // MODE 0: one TF32 MMA (TF32 allowed) / native 16-bit MMA; MODE 1: fp32-accurate TF32 split.
 template <typename scalar_t, bool WEIGHTED, int MODE>
 __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scalar_t> p) {
@@ -282,7 +302,10 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
   using smem_t = typename Cfg::smem_t;
   constexpr int FC = Cfg::FC, WN = Cfg::WN, NT = Cfg::NT, XS = Cfg::XSTRIDE, EPC = Cfg::EPC;
   constexpr int AS = Cfg::ASTRIDE;
-  constexpr bool kFrag = Cfg::kFp32 && !WEIGHTED;  // A fragments straight from dtile_frag
+  constexpr bool kFrag = !WEIGHTED;                 // A fragments straight from dtile_frag
+  // 16-bit unit weights: X's rows are staged in the k order of the 16-bit MMA that makes the
+  // lane's A values those of its dtile_frag word (k_row below), and the column scales go on B.
+  constexpr bool kPermuteK = !Cfg::kFp32 && !WEIGHTED;
   constexpr int MT = 2 * kBlockPanels;             // m16 tiles per block
   extern __shared__ __align__(16) unsigned char smem_raw[];
 
@@ -324,13 +347,13 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
         const int r = c / CPR, q = c % CPR;
         const int64_t j = j0 + r, f = f0 + q * EPC;
         const bool ok = j < p.n_cols && f < p.F;
-        cp_async16(&S.x[r * XS + q * EPC], ok ? xraw + j * p.F + f : xraw, ok);
+        cp_async16(&S.x[k_row<kPermuteK>(r) * XS + q * EPC], ok ? xraw + j * p.F + f : xraw, ok);
       }
     } else {
       for (int c = tid; c < 32 * FC; c += 128) {
         const int r = c / FC, q = c % FC;
         const int64_t j = j0 + r, f = f0 + q;
-        S.x[r * XS + q] = (j < p.n_cols && f < p.F) ? xraw[j * p.F + f] : smem_t(0);
+        S.x[k_row<kPermuteK>(r) * XS + q] = (j < p.n_cols && f < p.F) ? xraw[j * p.F + f] : smem_t(0);
       }
     }
     if constexpr (WEIGHTED) {
@@ -454,19 +477,36 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
     } else {
       constexpr bool kBF = std::is_same_v<scalar_t, at::BFloat16>;
       const int mi = lane >> 3, rr = lane & 7;
+      uint32_t fw[kBlockPanels];
+      if constexpr (kFrag) {
+#pragma unroll
+        for (int q = 0; q < kBlockPanels; ++q) fw[q] = S.words[q * 32 + lane];
+      }
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
+        // The lane's k slots 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9 hold these columns of the panel:
+        // themselves, or (kPermuteK) t4, t4 + 4, t4 + 8, t4 + 12, those of its dtile_frag bits.
         const int ka = ks * 16 + 2 * t4;
         const int kc[4] = {ka, ka + 1, ka + 8, ka + 9};
+        const int kp[4] = {ks * 16 + t4, ks * 16 + t4 + 4, ks * 16 + t4 + 8, ks * 16 + t4 + 12};
         float cv[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) cv[q] = S.cs[kc[q]];
+        for (int q = 0; q < 4; ++q) cv[q] = S.cs[kPermuteK ? kp[q] : kc[q]];
         const int krow = ks * 16 + (mi & 1) * 8 + rr;
         uint32_t b[NT / 2][4];
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
           const int col = warp * WN + (2 * np + (mi >> 1)) * 8;
           ldmatrix_x4_trans(smem_addr(&X[krow * XS + col]), b[np][0], b[np][1], b[np][2], b[np][3]);
+          if constexpr (kPermuteK) {
+            // Column scales on B (A is 0/1 here): registers 0 and 2 hold k slots (2 t4, 2 t4 + 1),
+            // 1 and 3 slots (2 t4 + 8, 2 t4 + 9) of two n8 tiles.
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              const float c0 = cv[(r & 1) * 2], c1 = cv[(r & 1) * 2 + 1];
+              b[np][r] = pack2<kBF>(lo16_to_float(b[np][r], kBF) * c0, hi16_to_float(b[np][r], kBF) * c1);
+            }
+          }
         }
 #pragma unroll
         for (int q = 0; q < kBlockPanels; ++q) {
@@ -474,15 +514,20 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
 #pragma unroll
           for (int mm = 0; mm < 2; ++mm) {
             const int m = 2 * q + mm;
-            float v[2][4];  // [row a/b][column kc]
-            if constexpr (!WEIGHTED) {
-              const uint32_t wa = S.words[q * 32 + mm * 16 + g], wb = S.words[q * 32 + mm * 16 + g + 8];
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                v[0][c] = ((wa >> kc[c]) & 1u) ? cv[c] : 0.f;
-                v[1][c] = ((wb >> kc[c]) & 1u) ? cv[c] : 0.f;
-              }
+            uint32_t a[4];
+            if constexpr (kFrag) {
+              // Bits 16 mm + 8 ks + (0..7) of the fragment word are entries (row g + 8 (j & 1),
+              // column t4 + 4 (j >> 1)) for j = 0..3 and then the same 8 columns further: with
+              // the k order of k_row they are the low/high halves of a[0..3] below. A half is
+              // 1.0 (kOne16) or 0: (bit_lo | bit_hi << 16) * kOne16 sets both without a carry.
+              constexpr uint32_t kOne16 = kBF ? 0x3f80u : 0x3c00u;
+              const uint32_t w = fw[q] >> (16 * mm + 8 * ks);
+              a[0] = ((w & 1u) | ((w & 4u) << 14)) * kOne16;
+              a[1] = (((w >> 1) & 1u) | ((w & 8u) << 13)) * kOne16;
+              a[2] = (((w >> 4) & 1u) | ((w & 64u) << 10)) * kOne16;
+              a[3] = (((w >> 5) & 1u) | ((w & 128u) << 9)) * kOne16;
             } else {
+              float v[2][4];  // [row a/b][column kc]
               const float* AV = S.av + q * 32 * AS;
               const int ra = mm * 16 + g, rb = ra + 8;
 #pragma unroll
@@ -490,12 +535,11 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
                 v[0][c] = AV[ra * AS + kc[c]] * cv[c];
                 v[1][c] = AV[rb * AS + kc[c]] * cv[c];
               }
+              a[0] = pack2<kBF>(v[0][0], v[0][1]);
+              a[1] = pack2<kBF>(v[1][0], v[1][1]);
+              a[2] = pack2<kBF>(v[0][2], v[0][3]);
+              a[3] = pack2<kBF>(v[1][2], v[1][3]);
             }
-            uint32_t a[4];
-            a[0] = pack2<kBF>(v[0][0], v[0][1]);
-            a[1] = pack2<kBF>(v[1][0], v[1][1]);
-            a[2] = pack2<kBF>(v[0][2], v[0][3]);
-            a[3] = pack2<kBF>(v[1][2], v[1][3]);
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
               mma_16bit<kBF>(acc[m][2 * np], a, b[np][0], b[np][1]);
