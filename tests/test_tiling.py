@@ -69,26 +69,6 @@ def test_auto_threshold_option():
         adj.with_tiles(threshold="fast")
 
 
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_probe_row_sample(index_dtype):
-    """The threshold probe's sample of a large graph (fgplugin.autotune.sample_rows): exactly the
-    rows of every k-th 128-row block, with their edge values, and about max_nnz non-zeros; the
-    whole CSR, untouched, when it is that small."""
-    from fgplugin.autotune import SAMPLE_BLOCK, sample_rows
-    from fgplugin.testing import random_graph_case
-
-    case = random_graph_case(5, n_src=3000, avg_degree=12, weighted=True)
-    adj = TiledAdjacency.from_edge_index(case.edge_index, case.num_nodes, case.edge_weight, index_dtype=index_dtype)
-    dense = torch.sparse_csr_tensor(adj.rowptr.long(), adj.col.long(), adj.values, adj.shape).to_dense()
-    rowptr, col, values, sampled = sample_rows(adj.rowptr, adj.col, adj.values, max_nnz=adj.nnz // 5)
-    assert sampled and rowptr.dtype == col.dtype == index_dtype and col.numel() <= 1.3 * (adj.nnz // 5)
-    stride = -(-adj.nnz // (adj.nnz // 5))
-    rows = [r for r in range(adj.shape[0]) if (r // SAMPLE_BLOCK) % stride == 0]
-    got = torch.sparse_csr_tensor(rowptr.long(), col.long(), values, (len(rows), adj.shape[1])).to_dense()
-    assert torch.equal(got, dense[rows])
-    assert sample_rows(adj.rowptr, adj.col, adj.values, max_nnz=adj.nnz) == (adj.rowptr, adj.col, adj.values, False)
-
-
 def test_with_tiles_reclassifies():
     adj = CASES["dense_block"].adjacency()
     assert adj.with_tiles(threshold=0.5).tiles.tile_col.tolist() == [1]  # the full 32x32 block only
