@@ -3,8 +3,10 @@
 The probe builds the block-adaptive plan for each candidate threshold, times the forward SpMM
 (F = 128 by default, random features in the dtype class of the run, with row and column scales so
 the kernel does the work a GCN layer does) with CUDA events, and keeps the fastest. It costs one
-plan build per candidate plus a few milliseconds of kernels (about 2-4 s on a 100M-edge graph on
-an H100) and runs once per graph, tile size, device and dtype class (fp32 / 16-bit); the choice is
+plan build per distinct plan plus a few runs of each (H100: 0.5-1.5 s on the community-ordered
+75-200M-edge synthetic graphs, 0.2-0.4 s in their original order, where every candidate is the
+same plan; benchmarks/results/h100/probe_sample.json) and runs once per graph, tile size, device
+and dtype class (fp32 / 16-bit); the choice is
 cached on the adjacency (``adj._shared``) and so are the winning plans. Only the winner's plan is
 kept in memory. Off CUDA the probe does nothing and returns the default 0.05.
 """

@@ -78,8 +78,8 @@ def prepare_plans(adj, dtype: torch.dtype = torch.float32, with_transpose: bool 
     forward and backward pass; returns the threshold in use, or ``None`` where the plain kernels
     run (off CUDA, float64, block-adaptive kernel unavailable).
 
-    Why: a training loop's first step otherwise pays for the probe and the plans (about 1 s on a
-    100M-edge graph on an H100), which belongs with preprocessing, where benchmarks count it."""
+    Why: a training loop's first step otherwise pays for the probe and the plans (0.5-1.5 s on a
+    75-200M-edge graph on an H100), which belongs with preprocessing, where benchmarks count it."""
     probe = torch.empty(0, 1, dtype=dtype, device=adj.device)
     plan, _ = kernel_plans(adj, probe, with_transpose)
     if not plan:

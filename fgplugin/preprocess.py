@@ -26,8 +26,10 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
 
     Args:
         threshold: density threshold of the dense tiles; ``"auto"`` (the default) lets the CUDA
-            kernel time the candidates on this graph at its first use there (``fgplugin.autotune``;
-            epochs on the H100 were 1-6% faster than at 0.05, benchmarks/results/h100/epoch.json).
+            kernel time the candidates on this graph at its first use there (``fgplugin.autotune``).
+            On the H100 that took 0.5-1.5 s on 75-200M-edge graphs and made training steps
+            1.9-5.3% faster than at 0.05 (benchmarks/results/h100/threshold_epoch.json,
+            probe_sample.json); pass a number to skip it.
         cache: ``False`` (no disk cache), ``True`` (the default cache folder,
             ``$FGPLUGIN_CACHE_DIR/preprocess``) or a folder. Entries are keyed by a hash of the
             graph and every option, written atomically with a checksum, and rebuilt (with a
