@@ -21,7 +21,9 @@
 //        (k_row) under which the m16n8k8 bits of a lane are its m16n8k16 A values, and the column
 //        scales go on B. Before, each A value was built from the row bitmaps and its column scale
 //        (H100, bf16 dense kernel: proteins-like 0.669 -> 0.601 ms, reddit-like 0.772 -> 0.723,
-//        products-like at 0.05 1.735 -> 1.652; benchmarks/results/h100/dense16_frag.json).
+//        products-like at 0.05 1.735 -> 1.652; benchmarks/results/h100/dense16_frag.json). Warp w
+//        builds panel w's A fragments once per stage into shared memory for all four warps
+//        (0.601 -> 0.555 ms, 0.722 -> 0.69, 1.657 -> 1.622).
 //    It writes the raw dense partial (no scales) of the block's panels with tiles into out (in x's
 //    dtype).
 // 2. ba_sparse_kernel: one warp per work item (a chunk of <= `chunk` remainder entries of one row;
@@ -233,7 +235,11 @@ struct DenseCfg {
   static constexpr int kXBytes = 32 * XSTRIDE * static_cast<int>(sizeof(smem_t));
   static constexpr int kAVFloats = WEIGHTED ? kBlockPanels * 32 * ASTRIDE : 0;
   static constexpr int kStageBytes = kXBytes + 4 * (32 + kBlockPanels * 32 + 4 + kAVFloats);
-  static constexpr int kSmemBytes = kStages * kStageBytes;
+  // 16-bit unit weights: the current stage's A fragments, [panel][m16 half][k16 step][lane] x 4
+  // words, built once for the CTA's 4 warps (each warp multiplies every panel).
+  static constexpr bool kSharedA = !kFp32 && !WEIGHTED;
+  static constexpr int kSharedABytes = kSharedA ? kBlockPanels * 2 * 2 * 32 * 16 : 0;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kSharedABytes;
 };
 
 template <typename scalar_t>
@@ -477,10 +483,29 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
     } else {
       constexpr bool kBF = std::is_same_v<scalar_t, at::BFloat16>;
       const int mi = lane >> 3, rr = lane & 7;
-      uint32_t fw[kBlockPanels];
-      if constexpr (kFrag) {
+      uint4* shared_a = reinterpret_cast<uint4*>(smem_raw + kStages * Cfg::kStageBytes);
+      if constexpr (Cfg::kSharedA) {
+        // Warp w builds the A fragments of row panel w, if it has a tile in this stage, for all
+        // four warps: each warp used to build every panel's, and the kernel was bound by those
+        // integer ops (ncu, bf16, proteins-like: ALU pipe 62%, memory 20%; dense16_profile.json).
+        // Bits 16 mm + 8 ks + (0..7) of a lane's fragment word are entries (row g + 8 (j & 1),
+        // column t4 + 4 (j >> 1)) for j = 0..3 and then the same 8 columns further: with the k
+        // order of k_row they are the low/high halves of a[0..3]. A half is 1.0 (kOne16) or 0:
+        // (bit_lo | bit_hi << 16) * kOne16 sets both without a carry.
+        if ((mask >> warp) & 1) {
+          constexpr uint32_t kOne16 = kBF ? 0x3f80u : 0x3c00u;
+          const uint32_t word = S.words[warp * 32 + lane];
 #pragma unroll
-        for (int q = 0; q < kBlockPanels; ++q) fw[q] = S.words[q * 32 + lane];
+          for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+              const uint32_t w = word >> (16 * mm + 8 * ks);
+              shared_a[((warp * 2 + mm) * 2 + ks) * 32 + lane] =
+                  make_uint4(((w & 1u) | ((w & 4u) << 14)) * kOne16, (((w >> 1) & 1u) | ((w & 8u) << 13)) * kOne16,
+                             (((w >> 4) & 1u) | ((w & 64u) << 10)) * kOne16, (((w >> 5) & 1u) | ((w & 128u) << 9)) * kOne16);
+            }
+        }
+        __syncthreads();
       }
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
@@ -515,17 +540,12 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
           for (int mm = 0; mm < 2; ++mm) {
             const int m = 2 * q + mm;
             uint32_t a[4];
-            if constexpr (kFrag) {
-              // Bits 16 mm + 8 ks + (0..7) of the fragment word are entries (row g + 8 (j & 1),
-              // column t4 + 4 (j >> 1)) for j = 0..3 and then the same 8 columns further: with
-              // the k order of k_row they are the low/high halves of a[0..3] below. A half is
-              // 1.0 (kOne16) or 0: (bit_lo | bit_hi << 16) * kOne16 sets both without a carry.
-              constexpr uint32_t kOne16 = kBF ? 0x3f80u : 0x3c00u;
-              const uint32_t w = fw[q] >> (16 * mm + 8 * ks);
-              a[0] = ((w & 1u) | ((w & 4u) << 14)) * kOne16;
-              a[1] = (((w >> 1) & 1u) | ((w & 8u) << 13)) * kOne16;
-              a[2] = (((w >> 4) & 1u) | ((w & 64u) << 10)) * kOne16;
-              a[3] = (((w >> 5) & 1u) | ((w & 128u) << 9)) * kOne16;
+            if constexpr (Cfg::kSharedA) {
+              const uint4 v = shared_a[((q * 2 + mm) * 2 + ks) * 32 + lane];
+              a[0] = v.x;
+              a[1] = v.y;
+              a[2] = v.z;
+              a[3] = v.w;
             } else {
               float v[2][4];  // [row a/b][column kc]
               const float* AV = S.av + q * 32 * AS;
