@@ -304,6 +304,38 @@ def four_ranks(cora_path, tmp_path_factory):
     return _ok(_launch(4, _four_ranks, cora_path, CONFIGS, str(tmp_path_factory.mktemp("ckpt"))), 4)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_dist_gcn_pads_the_weight_not_the_features(bias, monkeypatch):
+    """Where the SpMM wants wider rows (on CUDA 6 -> 8 columns at fp32), DistGCN pads W, so the
+    SpMM runs on H W as it comes; forced here on the CPU: the SpMM sees 8 columns, and outputs and
+    gradients equal those of the unpadded model."""
+    from fgplugin import ops
+    from fgplugin.distributed import train
+    from fgplugin.testing import random_graph_case, rel_error
+
+    case = random_graph_case(4, n_src=300, avg_degree=6)
+    graph = FullGraph(TiledAdjacency.from_edge_index(case.edge_index, case.num_nodes))
+    torch.manual_seed(0)
+    model = DistGCN((16, 10, 6), bias=bias)
+    x = torch.randn(case.num_nodes, 16)
+
+    def output_and_grads():
+        model.zero_grad()
+        out = model(graph, x)
+        (out * torch.arange(out.numel()).view_as(out).remainder(5)).sum().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+    plain, plain_grads = output_and_grads()
+    widths, call_spmm = [], ops._call_spmm
+    monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
+    monkeypatch.setattr(train, "padded_width", lambda features, dtype, device: features + -features % 4)
+    padded, padded_grads = output_and_grads()
+    assert 8 in widths and 12 in widths  # both layers' products ran on padded widths (10 -> 12, 6 -> 8)
+    assert padded.is_contiguous() and rel_error(padded, plain) <= 1e-5
+    for g_padded, g_plain in zip(padded_grads, plain_grads):
+        assert rel_error(g_padded, g_plain) <= 1e-5
+
+
 def test_auto_comm_picks_sparse_only_when_few_rows_are_read(four_ranks):
     for rank, (_, _, choices, _) in four_ranks.items():
         assert ShardingContext.__init__.__kwdefaults__["comm"] == "auto"

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import spmm
+from ..ops import padded_width, spmm
 from ..tiling import TiledAdjacency
 from .context import RankFailureError, timeout_seconds
 from .sharding import ShardedGraph
@@ -64,10 +64,23 @@ class DistGCN(nn.Module):
         for i, w in enumerate(self.weights):
             if i:
                 h = F.dropout(F.relu(h), self.dropout, self.training)
-            h = graph.aggregate(h @ w) if w.shape[0] > w.shape[1] else graph.aggregate(h) @ w
+            h = _aggregate_transformed(graph, h, w) if w.shape[0] > w.shape[1] else graph.aggregate(h) @ w
             if self.biases is not None:
                 h = h + self.biases[i]
-        return h
+        return h.contiguous()  # a no-op but after a cut of the last layer without a bias
+
+
+def _aggregate_transformed(graph, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``A (H W)``. Where the SpMM wants wider rows than W's columns (whole 16-byte vectors in
+    h's dtype and in the wire dtype: 47 -> 48), ``W`` gets zero columns, so that ``H W`` comes
+    out that wide and neither the SpMM nor the exchange pads a copy and cuts the result back;
+    the result is cut here as a view (the layers do the same: ``fgplugin.ops.padded_width``)."""
+    out = w.shape[1]
+    wire = getattr(getattr(graph, "ctx", None), "comm_dtype", None) or h.dtype
+    width = max(padded_width(out, h.dtype, h.device), padded_width(out, wire, h.device))
+    if width == out:
+        return graph.aggregate(h @ w)
+    return graph.aggregate(h @ F.pad(w, (0, width - out)))[:, :out]
 
 
 class DistributedTrainer:
