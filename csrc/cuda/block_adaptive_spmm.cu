@@ -310,8 +310,9 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
   constexpr int AS = Cfg::ASTRIDE;
   constexpr bool kFrag = !WEIGHTED;                 // A fragments straight from dtile_frag
   // 16-bit unit weights: X's rows are staged in the k order of the 16-bit MMA that makes the
-  // lane's A values those of its dtile_frag word (k_row below), and the column scales go on B.
-  constexpr bool kPermuteK = !Cfg::kFp32 && !WEIGHTED;
+  // lane's A values those of its dtile_frag word (k_row below; the shared A fragments rely on
+  // it), and the column scales go on B.
+  constexpr bool kPermuteK = Cfg::kSharedA;
   constexpr int MT = 2 * kBlockPanels;             // m16 tiles per block
   extern __shared__ __align__(16) unsigned char smem_raw[];
 
