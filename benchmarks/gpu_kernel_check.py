@@ -308,7 +308,7 @@ class GraphRun:
 
 
 def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, impl_filter):
-    from fgplugin.autotune import choose_threshold
+    from fgplugin.autotune import auto_threshold_key, choose_threshold
     from fgplugin.kernel_plan import plan_for, plan_stats
 
     op = torch.ops.fgplugin.spmm.default
@@ -342,7 +342,7 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
         set_precision("fp32")
         auto_thr = choose_threshold(adj, torch.empty(0, 128, device="cuda"))
         probe_s = time.time() - t0
-        probe = adj._shared.get(("auto_threshold", adj.tiles.tile_size, adj.device, "fp32", "probe"), {})
+        probe = adj._shared.get(auto_threshold_key(adj, torch.float32) + ("probe",), {})
         log(f"  auto threshold {auto_thr} (probe {probe_s:.2f} s; ms per candidate: "
             f"{ {k: round(v, 3) for k, v in probe.items()} })")
 

@@ -20,8 +20,10 @@ DEFAULT_THRESHOLD = 0.05
 CANDIDATES = (0.02, 0.03, 0.05, 0.075, 0.10, 0.15, 1.0)
 
 
-def _dtype_class(dtype: torch.dtype) -> str:
-    return "fp32" if dtype == torch.float32 else "16bit"
+def auto_threshold_key(adj, dtype: torch.dtype) -> tuple:
+    """The key of the probe's cached choice in ``adj._shared``: one per tile size, device and
+    dtype class (fp32 / 16-bit)."""
+    return ("auto_threshold", adj.tiles.tile_size, adj.device, "fp32" if dtype == torch.float32 else "16bit")
 
 
 @torch.no_grad()
@@ -85,7 +87,7 @@ def choose_threshold(adj, x: torch.Tensor | None = None, *, candidates=CANDIDATE
     """The probe's fastest threshold for ``adj`` (cached per tile size, device and dtype class)."""
     device = adj.device
     dtype = torch.float32 if x is None else x.dtype
-    key = ("auto_threshold", adj.tiles.tile_size, device, _dtype_class(dtype))
+    key = auto_threshold_key(adj, dtype)
     cached = adj._shared.get(key)
     if cached is not None:
         return cached

@@ -29,6 +29,7 @@ import torch
 
 from . import _extension
 from ._csr import rows_of_edges
+from .autotune import auto_threshold_key, choose_threshold
 
 PLAN_VERSION = 2
 KERNEL_TILE = 32
@@ -58,12 +59,10 @@ def kernel_plans(adj, x: torch.Tensor, with_transpose: bool) -> tuple[list[torch
     threshold = adj.tiles.threshold
     if isinstance(threshold, str):
         if torch.compiler.is_compiling():
-            threshold = adj._shared.get(("auto_threshold", adj.tiles.tile_size, x.device, _dtype_class(x.dtype)))
+            threshold = adj._shared.get(auto_threshold_key(adj, x.dtype))
             if threshold is None:
                 return [], []
         else:
-            from .autotune import choose_threshold
-
             threshold = choose_threshold(adj, x)
     plan = plan_for(adj, threshold=threshold, weighted=weighted)
     t_plan = plan_for(adj, threshold=threshold, weighted=weighted, transpose=True) if with_transpose else []
@@ -86,12 +85,8 @@ def prepare_plans(adj, dtype: torch.dtype = torch.float32, with_transpose: bool 
         return None
     threshold = adj.tiles.threshold
     if isinstance(threshold, str):
-        threshold = adj._shared[("auto_threshold", adj.tiles.tile_size, adj.device, _dtype_class(dtype))]
+        threshold = adj._shared[auto_threshold_key(adj, dtype)]
     return float(threshold)
-
-
-def _dtype_class(dtype: torch.dtype) -> str:
-    return "fp32" if dtype == torch.float32 else "16bit"
 
 
 def plan_for(adj, *, tile_size: int | None = None, threshold: float | None = None, weighted: bool | None = None,
