@@ -307,6 +307,17 @@ class GraphRun:
         return torch.sparse_csr_tensor(crow, cols.to(torch.int32), vals, (n, n))
 
 
+def community_run(name: str) -> GraphRun:
+    """The synthetic preset ``name``, generated on the GPU, in fgplugin's ``community`` order (the
+    setup of the A/B scripts: profile_spmm.py, kernel_times.py, time_dense.py)."""
+    from fgplugin.datasets import community_graph
+    from fgplugin.reorder import inverse_permutation, reorder
+
+    g = community_graph(name, device="cuda", num_features=0)
+    n, ei = g.num_nodes, g.edge_index
+    return GraphRun(name, "community", inverse_permutation(reorder(ei, "community", num_nodes=n))[ei], n)
+
+
 def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, impl_filter):
     from fgplugin.autotune import auto_threshold_key, choose_threshold
     from fgplugin.kernel_plan import plan_for, plan_stats

@@ -15,24 +15,19 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernel_check import GraphRun  # noqa: E402
+from gpu_kernel_check import community_run  # noqa: E402
 
 
 def main():
-    from fgplugin.datasets import community_graph
     from fgplugin.kernel_plan import plan_for
-    from fgplugin.reorder import inverse_permutation, reorder
 
     torch.backends.cuda.matmul.allow_tf32 = False
     op = torch.ops.fgplugin.spmm.default
     for spec in sys.argv[1:]:
         name, thr = spec.split(":")
-        g = community_graph(name, device="cuda", num_features=0)
-        n, ei = g.num_nodes, g.edge_index
-        run = GraphRun(name, "community", inverse_permutation(reorder(ei, "community", num_nodes=n))[ei], n)
-        del g, ei
+        run = community_run(name)
         plan = plan_for(run.adj, threshold=float(thr), weighted=False)
-        x32 = torch.randn(n, 128, device="cuda")
+        x32 = torch.randn(run.n, 128, device="cuda")
         for x in (x32, x32.bfloat16()):
             def product(x=x):
                 return op(run.adj.rowptr, run.adj.col, None, x, run.r, run.c, run.d, None, None, None, plan, [])

@@ -14,23 +14,18 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernel_check import GraphRun  # noqa: E402
+from gpu_kernel_check import community_run  # noqa: E402
 
 
 def main():
-    from fgplugin.datasets import community_graph
     from fgplugin.kernel_plan import plan_for, plan_stats
-    from fgplugin.reorder import inverse_permutation, reorder
 
     torch.backends.cuda.matmul.allow_tf32 = False
     op = torch.ops.fgplugin.spmm.default
     for spec in sys.argv[1:]:
         name, thresholds = spec.split(":")
-        g = community_graph(name, device="cuda", num_features=0)
-        n, ei = g.num_nodes, g.edge_index
-        run = GraphRun(name, "community", inverse_permutation(reorder(ei, "community", num_nodes=n))[ei], n)
-        del g, ei
-        x = torch.randn(n, 128, device="cuda")
+        run = community_run(name)
+        x = torch.randn(run.n, 128, device="cuda")
         for thr in map(float, thresholds.split(",")):
             plan = plan_for(run.adj, threshold=thr, weighted=False)
             print(name, thr, plan_stats(plan), flush=True)

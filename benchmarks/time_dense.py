@@ -15,26 +15,22 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernel_check import GraphRun, sample_reference, time_fn  # noqa: E402
+from gpu_kernel_check import community_run, sample_reference, time_fn  # noqa: E402
 
 
 def main():
-    from fgplugin.datasets import community_graph
     from fgplugin.kernel_plan import plan_for, plan_stats
-    from fgplugin.reorder import inverse_permutation, reorder
 
     op = torch.ops.fgplugin.spmm.default
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
     features = [int(f) for f in sys.argv[3].split(",")] if len(sys.argv) > 3 else [128]
     for name in sys.argv[1].split(","):
-        g = community_graph(name, device="cuda", num_features=0)
-        n, ei = g.num_nodes, g.edge_index
+        run = community_run(name)
+        n = run.n
         gen = torch.Generator(device="cuda").manual_seed(0)
         sample = torch.randperm(n, device="cuda", generator=gen)[:512]
         x32 = torch.randn(n, 128, device="cuda", generator=gen)
-        run = GraphRun(name, "community", inverse_permutation(reorder(ei, "community", num_nodes=n))[ei], n)
-        del g, ei
         ref = sample_reference(run.adj.rowptr, run.adj.col, x32, run.r, run.c, run.d, sample)
         ms = time_fn(lambda v: torch.sparse.mm(run.cusparse()[0], v), [x32], 20)[0]
         print(f"{name} cusparse community fp32 {ms:.3f} ms", flush=True)

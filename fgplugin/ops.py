@@ -260,6 +260,17 @@ def _vector_pad(x: torch.Tensor, dtype: torch.dtype | None = None) -> int:
     return padded_width(x.shape[1], x.dtype if dtype is None else dtype, x.device) - x.shape[1]
 
 
+def aggregate_padded_product(aggregate, x: torch.Tensor, weight: torch.Tensor, width: int) -> torch.Tensor:
+    """``aggregate(x @ weight)`` for ``weight`` ``[in, out]``, with ``weight`` padded by zero
+    columns to ``width`` (:func:`padded_width`, possibly of several dtypes) so that the product
+    comes out as wide as the SpMM wants it; the result is cut back to ``out`` columns as a view,
+    which whatever follows (a bias add) reads once."""
+    out = weight.shape[-1]
+    if width == out:
+        return aggregate(x @ weight)
+    return aggregate(x @ torch.nn.functional.pad(weight, (0, width - out)))[..., :out]
+
+
 def padded_width(features: int, dtype: torch.dtype, device: torch.device) -> int:
     """The width to which :func:`spmm` pads ``features`` columns of ``dtype`` on ``device``
     (whole 16-byte rows on CUDA; ``features`` itself elsewhere).

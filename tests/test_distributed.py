@@ -165,14 +165,20 @@ def _output_and_input_grad(graph, h, weight):
     return out.detach(), grad
 
 
+def _odd_graph_inputs(seed: int, width: int):
+    """The odd graph directed and made symmetric ({kind: edge_index}), its node count, and seeded
+    float64 features and output-gradient weights [n, width]."""
+    ei, n = _odd_graph()
+    gen = torch.Generator().manual_seed(seed)
+    h, weight = (torch.randn(n, width, generator=gen, dtype=DTYPE) for _ in range(2))
+    return {"directed": ei, "symmetric": torch.cat([ei, ei.flip(0)], dim=1)}, n, h, weight
+
+
 def _spmm_cases(configs):
     """Forward and input gradient of dist_spmm against a dense float64 reference, on the directed
     odd graph (transposed backward) and on it made symmetric (the backward is the forward product
     where the row and column scales agree); with whether the graph took the symmetric path."""
-    ei, n = _odd_graph()
-    graphs = {"directed": ei, "symmetric": torch.cat([ei, ei.flip(0)], dim=1)}
-    gen = torch.Generator().manual_seed(4)
-    h, weight = torch.randn(n, 5, generator=gen, dtype=DTYPE), torch.randn(n, 5, generator=gen, dtype=DTYPE)
+    graphs, n, h, weight = _odd_graph_inputs(seed=4, width=5)
     errors = {}
     for kind, edges in graphs.items():
         for replication, comm, perm_kind in configs:
@@ -191,10 +197,7 @@ def _spmm_cases(configs):
 def _bf16_wire_cases():
     """dist_spmm with bfloat16 on the wire (float32 features) against the float64 reference:
     {(graph kind, replication, comm): (forward error, input-gradient error, output dtype)}."""
-    ei, n = _odd_graph()
-    graphs = {"directed": ei, "symmetric": torch.cat([ei, ei.flip(0)], dim=1)}
-    gen = torch.Generator().manual_seed(5)
-    h, weight = torch.randn(n, 12, generator=gen, dtype=DTYPE), torch.randn(n, 12, generator=gen, dtype=DTYPE)
+    graphs, n, h, weight = _odd_graph_inputs(seed=5, width=12)
     errors = {}
     for kind, edges in graphs.items():
         a = _dense_reference(edges, n, "gcn")

@@ -15,7 +15,7 @@ from torch import Tensor
 
 import fgplugin
 from fgplugin import TiledAdjacency
-from fgplugin.ops import padded_width
+from fgplugin.ops import aggregate_padded_product, padded_width
 
 from ._import_shim import import_dgl
 
@@ -64,12 +64,8 @@ def _aggregate_transformed(adj: TiledAdjacency, x: Tensor, weight: Tensor | None
     ``fgplugin.ops.padded_width``); the result is cut as a view, read once by what follows."""
     if weight is None:
         return _spmm(adj, x, row_scale, col_scale)
-    out_feats = weight.shape[1]
-    width = padded_width(out_feats, x.dtype, x.device)
-    if width == out_feats:
-        return _spmm(adj, torch.matmul(x, weight), row_scale, col_scale)
-    padded = torch.nn.functional.pad(weight, (0, width - out_feats))
-    return _spmm(adj, torch.matmul(x, padded), row_scale, col_scale)[..., :out_feats]
+    return aggregate_padded_product(lambda h: _spmm(adj, h, row_scale, col_scale), x, weight,
+                                    padded_width(weight.shape[1], x.dtype, x.device))
 
 
 def _served(graph, feat_src: Tensor, edge_weight) -> Structure | None:

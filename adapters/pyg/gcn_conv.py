@@ -9,7 +9,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import Adj, OptTensor, SparseTensor
 
 from fgplugin import TiledAdjacency
-from fgplugin.ops import padded_width
+from fgplugin.ops import aggregate_padded_product, padded_width
 
 from ._deferred import DeferredPlan
 from ._layer import FgpluginLayer, aggregate, make_plan
@@ -60,8 +60,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
                  and not lin._forward_hooks and not lin._forward_pre_hooks)
         if width == self.out_channels or x.layout != torch.strided or not plain:
             return aggregate(plan, lin(x), self.node_dim)
-        weight = torch.nn.functional.pad(lin.weight, (0, 0, 0, width - self.out_channels))
-        out = aggregate(plan, torch.nn.functional.linear(x, weight), self.node_dim)[..., :self.out_channels]
+        out = aggregate_padded_product(lambda h: aggregate(plan, h, self.node_dim), x, lin.weight.t(), width)
         return out if self.bias is not None else out.contiguous()
 
     def _plan(self, n: int, edge_index, edge_weight) -> Plan | DeferredPlan | None:

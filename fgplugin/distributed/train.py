@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import padded_width, spmm
+from ..ops import aggregate_padded_product, padded_width, spmm
 from ..tiling import TiledAdjacency
 from .context import RankFailureError, timeout_seconds
 from .sharding import ShardedGraph
@@ -75,12 +75,9 @@ def _aggregate_transformed(graph, h: torch.Tensor, w: torch.Tensor) -> torch.Ten
     h's dtype and in the wire dtype: 47 -> 48), ``W`` gets zero columns, so that ``H W`` comes
     out that wide and neither the SpMM nor the exchange pads a copy and cuts the result back;
     the result is cut here as a view (the layers do the same: ``fgplugin.ops.padded_width``)."""
-    out = w.shape[1]
     wire = getattr(getattr(graph, "ctx", None), "comm_dtype", None) or h.dtype
-    width = max(padded_width(out, h.dtype, h.device), padded_width(out, wire, h.device))
-    if width == out:
-        return graph.aggregate(h @ w)
-    return graph.aggregate(h @ F.pad(w, (0, width - out)))[:, :out]
+    width = max(padded_width(w.shape[1], h.dtype, h.device), padded_width(w.shape[1], wire, h.device))
+    return aggregate_padded_product(graph.aggregate, h, w, width)
 
 
 class DistributedTrainer:
