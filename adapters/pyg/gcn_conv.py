@@ -52,7 +52,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         """``A (X W)``. Where the kernel wants wider rows than ``out_channels`` (C = 47 on
         CUDA: 48), ``W`` gets zero rows so that ``X W`` comes out that wide and the SpMM takes it
         as it is, instead of padding a copy and cutting its output back (products-like on an
-        H100: those copies were 1.8 ms of a 32 ms training step). The extra columns are cut as a
+        H100: those copies were 1.8 ms of a 32 ms training step, step_profile.json). The extra columns are cut as a
         view, which the bias add then reads once (without a bias: one copy)."""
         width = padded_width(self.out_channels, x.dtype, x.device)
         lin = self.lin
