@@ -65,7 +65,7 @@ def reorder(
         progress: show a progress bar over the blocks; ``None`` shows one for long runs only
             (needs tqdm).
         **method_options: passed to the method, e.g. ``cluster_size``, ``coarse_parts``, ``workers`` (metis), ``k``
-            (slashburn), ``rounds`` and ``max_size`` (community).
+            (slashburn), ``rounds``, ``max_size`` and ``group_size`` (community).
 
     Returns:
         ``perm``: ``int64 [n]`` permutation on the graph's device, new -> old.
