@@ -34,9 +34,11 @@
 //    shuffles; 4 rows are gathered before their FMAs. Groups are summed by xor-shuffles in a fixed
 //    order. A single-item row is finished in place: + diag term + dense partial (read back from
 //    out), times the row scale. Items of split rows write fp32 partials instead. The pass is bound
-//    by L2 throughput (ncu, reddit-like at 0.05: 93%, L1 hit rate 6%); feature chunks that keep
-//    x's slice in the L2 raised its hit rate from 54% to 84% but made it slower (the
-//    sparse_variants.json results). When one group covers F (L < 32) and the items are short
+//    by L2 throughput (ncu, reddit-like at 0.05: 93%, L1 hit rate 6%) and, where gathers miss the
+//    L2, by DRAM (products-like before communities were grouped: 78%, 25 GB read for a 1.25 GB x);
+//    feature chunks that keep x's slice in the L2 raised its hit rate from 54% to 84% but made it
+//    slower (sparse_variants.json), and staging a segment's reused rows in shared memory made it
+//    1.3-1.8x slower (half the resident warps; staging_ab.json). When one group covers F (L < 32) and the items are short
 //    (kGroupedMaxMeanItem), each group takes an item of its own instead (sparse_items_grouped).
 // 3. ba_combine_kernel: one warp per split row sums its partials in slot order and finishes it.
 //
