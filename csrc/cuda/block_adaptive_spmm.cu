@@ -68,14 +68,6 @@ constexpr int kStages = 3;
 // gathered rows in L1 between more neighbouring rows, were 5-20% slower:
 // benchmarks/results/h100/sparse_variants.json).
 constexpr int kSparseWarps = 4;
-// Resident CTAs per SM the remainder pass is compiled for (__launch_bounds__ minimum blocks): 10
-// caps it at 48 registers, so 40 warps fit on an SM instead of 32-36. The pass waits on its
-// gathers, and more warps keep more of them in flight: H100, grouped community order, F = 128 / 64,
-// fp32 1.5-8% faster (products-like 7.73 -> 7.16 ms), bf16 one item per warp 5-12% faster
-// (reddit-like 3.27 -> 2.98 ms); bf16 with one item per group (products-like, archaea-like) went
-// 0.86-0.89x, its extra registers spilt, so that path keeps the compiler's choice (64 registers).
-// 12 was slower still (benchmarks/results/h100/sparse_occupancy.json).
-constexpr int kSparseMinBlocks = 10;
 
 // ------------------------------------------------------------------ small device helpers
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -787,8 +779,8 @@ __device__ __forceinline__ void sparse_items_grouped(const SparseParams<scalar_t
   if (active) finish_item<V>(p, row, slot, p.dpanel_dense[row >> 5] != 0, f, acc);
 }
 
-template <typename scalar_t, typename index_t, int MINB>
-__global__ void __launch_bounds__(kSparseWarps * 32, MINB) ba_sparse_kernel(const SparseParams<scalar_t, index_t> p) {
+template <typename scalar_t, typename index_t>
+__global__ void __launch_bounds__(kSparseWarps * 32) ba_sparse_kernel(const SparseParams<scalar_t, index_t> p) {
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kSparseWarps + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (p.grouped) {
@@ -948,12 +940,7 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
                                        vec,
                                        grouped};
     const int64_t blocks = (warps + kSparseWarps - 1) / kSparseWarps;
-    const auto nb = static_cast<unsigned>(blocks);
-    if (std::is_same_v<scalar_t, float> || !grouped) {
-      ba_sparse_kernel<scalar_t, index_t, kSparseMinBlocks><<<nb, kSparseWarps * 32, 0, stream>>>(sp);
-    } else if constexpr (!std::is_same_v<scalar_t, float>) {
-      ba_sparse_kernel<scalar_t, index_t, 1><<<nb, kSparseWarps * 32, 0, stream>>>(sp);
-    }
+    ba_sparse_kernel<scalar_t, index_t><<<static_cast<unsigned>(blocks), kSparseWarps * 32, 0, stream>>>(sp);
   }
 
   // 3. rows split over several items
