@@ -8,7 +8,8 @@ rebuilds and a second import loads in well under a second.
 
 CUDA kernels are compiled when torch is a CUDA build and a CUDA toolkit (nvcc) is found
 (``CUDA_HOME``), whether or not a GPU is visible, so a GPU-less build host still produces them
-(STYLE.md habit 5). ``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures (default here: "8.0;9.0");
+(STYLE.md habit 5). ``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures (default here: "8.0;9.0a"; a list
+without "9.0a" builds no wgmma kernel, and Hopper GPUs then run the mma.sync one);
 ``MAX_JOBS`` caps the compiler's parallelism.
 
 If the build fails, fgplugin warns once with the reason and the fix, and the ops run on the
@@ -34,7 +35,10 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_CUDA_ARCHS = "8.0;9.0"
+# 9.0a, not 9.0: Hopper's warpgroup MMA (the dense-tile kernel of csrc/cuda/dense_tiles_sm90.cu)
+# exists only in sm_90a code, which runs on compute capability 9.0 GPUs (H100, H200) alone; other
+# GPUs of generation 8 and 9 run the sm_80 code.
+DEFAULT_CUDA_ARCHS = "8.0;9.0a"
 
 
 class ExtensionBuildWarning(RuntimeWarning):

@@ -1,10 +1,15 @@
-"""The block-adaptive CUDA SpMM (csrc/cuda/block_adaptive_spmm.cu) against the float64 reference.
+"""The block-adaptive CUDA SpMM (csrc/cuda/block_adaptive_spmm.cu, dense_tiles_sm90.cu) against the
+float64 reference.
 
 Every plan path (all tiles dense, the default threshold, no dense tiles, other tile sizes) on the
 graph-case registry and on fresh random graphs with hubs and dense blocks; fp32 (<= 1e-5), TF32
 (<= 5e-3), bf16 (<= 2e-2) and fp16; F in (1, 7, 32, 33, 128, 130); rectangular shapes, int64
 indices, weights, scales and diag; forward and backward (gradients compared with the CPU op).
 The kernel allocates its output, so the "poison" check is: no NaN where the reference has none.
+
+Unit-weight dense tiles run on the wgmma kernel on Hopper and on the mma.sync kernel elsewhere (or
+with FGPLUGIN_NO_WGMMA=1); the ``dense_kernel`` fixture runs the registry, random-graph and
+determinism tests on each kernel the GPU has.
 
 The plan builder itself is checked on any machine by executing the plan's semantics in float64
 (test_plan_semantics_cpu).
@@ -41,6 +46,19 @@ def precision(mode):
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _wgmma_available():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.fixture(params=["wgmma", "mma"])
+def dense_kernel(request, monkeypatch):
+    """Which kernel computes unit-weight dense tiles (FGPLUGIN_NO_WGMMA is read at every launch)."""
+    if request.param == "wgmma" and not _wgmma_available():
+        pytest.skip("the wgmma dense-tile kernel needs a compute capability 9.0 GPU (H100/H200)")
+    monkeypatch.setenv("FGPLUGIN_NO_WGMMA", "0" if request.param == "wgmma" else "1")
+    return request.param
 
 
 def _adj(case, **options):
@@ -150,7 +168,7 @@ VARIANTS = [(32, None), (32, 0.0), (32, 1.0), (16, 0.02), (64, 0.05)]  # (tile s
 @requires_kernel
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"T{v[0]}-thr{v[1]}")
 @pytest.mark.parametrize("F", [1, 7, 33, 128])
-def test_registry_fp32(variant, F):
+def test_registry_fp32(dense_kernel, variant, F):
     tile_size, threshold = variant
     for case in graph_cases():
         for index_dtype in (None, torch.int64):
@@ -169,7 +187,7 @@ def test_registry_fp32(variant, F):
 @requires_kernel
 @pytest.mark.parametrize("mode", ["tf32", "bf16", "fp16"])
 @pytest.mark.parametrize("F", [7, 32, 130])
-def test_registry_low_precision(mode, F):
+def test_registry_low_precision(dense_kernel, mode, F):
     for case in graph_cases():
         adj = _adj(case).to("cuda")
         for threshold in (0.0, adj.tiles.threshold):
@@ -183,7 +201,7 @@ def test_registry_low_precision(mode, F):
 @requires_kernel
 @pytest.mark.parametrize("mode", ["fp32", "tf32", "bf16", "fp16"])
 @pytest.mark.parametrize("F", [1, 32, 33, 64, 128, 130, 256])
-def test_fresh_random_graphs(fresh_seed, mode, F):
+def test_fresh_random_graphs(dense_kernel, fresh_seed, mode, F):
     for k in range(3):
         seed = fresh_seed + k
         rect = k == 1
@@ -219,14 +237,38 @@ def test_remainder_pass_long_and_short_items(fresh_seed, mode):
 
 
 @requires_kernel
-def test_deterministic():
-    case = clustered_case(5, n_src=3000, weighted=True, max_hub_edges=900)
+@pytest.mark.parametrize("weighted", [True, False])
+def test_deterministic(dense_kernel, weighted):
+    case = clustered_case(5, n_src=3000, weighted=weighted, max_hub_edges=900)
     adj = _adj(case).to("cuda")
-    plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=0.03, weighted=True, chunk=16)
+    plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=0.03, weighted=weighted, chunk=16)
     x, rs, cs, d = _inputs(case, 96, torch.float32, 5)
     first = _run(adj, plan, x, rs, cs, d)
     for _ in range(3):
         assert torch.equal(_run(adj, plan, x, rs, cs, d), first)
+
+
+@requires_kernel
+def test_hopper_runs_the_wgmma_kernel(monkeypatch):
+    """On an H100/H200 unit-weight dense tiles take the wgmma kernel unless FGPLUGIN_NO_WGMMA=1
+    (a build without sm_90a code would silently fall back to mma.sync: this catches it), and both
+    kernels give the same function of the input."""
+    device = torch.cuda.current_device()
+    monkeypatch.setenv("FGPLUGIN_NO_WGMMA", "1")
+    assert torch.ops.fgplugin.dense_tile_arch(device) == 80
+    monkeypatch.setenv("FGPLUGIN_NO_WGMMA", "0")
+    assert torch.ops.fgplugin.dense_tile_arch(device) == (90 if _wgmma_available() else 80)
+    case = clustered_case(7, n_src=2500, max_hub_edges=900)
+    adj = _adj(case).to("cuda")
+    plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=0.02, weighted=False, chunk=16)
+    assert plan[15].numel() > 0, "the case should have dense tiles"
+    x, rs, cs, d = _inputs(case, 128, torch.float32, 7)
+    with precision("fp32"):
+        outs = {}
+        for off in ("0", "1"):
+            monkeypatch.setenv("FGPLUGIN_NO_WGMMA", off)
+            outs[off] = _run(adj, plan, x, rs, cs, d)
+    assert rel_error(outs["0"].double(), outs["1"].double()) <= 1e-6
 
 
 @requires_kernel

@@ -56,6 +56,7 @@
 #include <type_traits>
 
 #include "block_adaptive_spmm.cuh"
+#include "dense_tiles.cuh"
 
 namespace fgplugin {
 namespace {
@@ -70,27 +71,6 @@ constexpr int kStages = 3;
 constexpr int kSparseWarps = 4;
 
 // ------------------------------------------------------------------ small device helpers
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
-               "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
-               "r"(valid ? 4 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 __device__ __forceinline__ uint32_t to_tf32(float v) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
@@ -242,23 +222,6 @@ struct DenseCfg {
   static constexpr bool kSharedA = !kFp32 && !WEIGHTED;
   static constexpr int kSharedABytes = kSharedA ? kBlockPanels * 2 * 2 * 32 * 16 : 0;
   static constexpr int kSmemBytes = kStages * kStageBytes + kSharedABytes;
-};
-
-template <typename scalar_t>
-struct DenseParams {
-  const int* dblock_ptr;
-  const int* dwork;
-  const int4* dstage;
-  const uint32_t* dtile_bits;
-  const uint32_t* dtile_frag;
-  const int64_t* dtile_roff;
-  const int64_t* dense_eid;
-  const float* values;
-  const scalar_t* x;
-  const float* cs;
-  scalar_t* out;
-  int64_t n_rows, n_cols, F;
-  bool vec;
 };
 
 // A stage's view of the dynamic shared memory.
@@ -440,15 +403,7 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
 #pragma unroll
           for (int mm = 0; mm < 2; ++mm) {
             if constexpr (kFrag) {
-              // bit 16 mm + 4 ks + j of the lane's word -> 1.0f (0x3f800000) or 0: the product of the
-              // isolated bit (<= 2^15) and 0x3f800000 >> bit is exact.
-              const uint32_t w = mm ? fw[q] >> 16 : fw[q];
-#pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                constexpr uint32_t kOne = 0x3f800000u;
-                const int b = ks * 4 + j;
-                ahi[mm][j] = (w & (1u << b)) * (kOne >> b);
-              }
+              unit_frag_tf32(fw[q], mm, ks, ahi[mm]);
             } else {
               const float* AV = S.av + q * 32 * AS;
               const int ra = mm * 16 + g, rb = ra + 8;
@@ -491,22 +446,13 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
         // Warp w builds the A fragments of row panel w, if it has a tile in this stage, for all
         // four warps: each warp used to build every panel's, and the kernel was bound by those
         // integer ops (ncu, bf16, proteins-like: ALU pipe 62%, memory 20%; dense16_profile.json).
-        // Bits 16 mm + 8 ks + (0..7) of a lane's fragment word are entries (row g + 8 (j & 1),
-        // column t4 + 4 (j >> 1)) for j = 0..3 and then the same 8 columns further: with the k
-        // order of k_row they are the low/high halves of a[0..3]. A half is 1.0 (kOne16) or 0:
-        // (bit_lo | bit_hi << 16) * kOne16 sets both without a carry.
         if ((mask >> warp) & 1) {
-          constexpr uint32_t kOne16 = kBF ? 0x3f80u : 0x3c00u;
           const uint32_t word = S.words[warp * 32 + lane];
 #pragma unroll
           for (int mm = 0; mm < 2; ++mm)
 #pragma unroll
-            for (int ks = 0; ks < 2; ++ks) {
-              const uint32_t w = word >> (16 * mm + 8 * ks);
-              shared_a[((warp * 2 + mm) * 2 + ks) * 32 + lane] =
-                  make_uint4(((w & 1u) | ((w & 4u) << 14)) * kOne16, (((w >> 1) & 1u) | ((w & 8u) << 13)) * kOne16,
-                             (((w >> 4) & 1u) | ((w & 64u) << 10)) * kOne16, (((w >> 5) & 1u) | ((w & 128u) << 9)) * kOne16);
-            }
+            for (int ks = 0; ks < 2; ++ks)
+              shared_a[((warp * 2 + mm) * 2 + ks) * 32 + lane] = unit_frag_16bit<kBF>(word, mm, ks);
         }
         __syncthreads();
       }
@@ -900,14 +846,18 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
                              F,
                              vec};
     cudaError_t e;
+    const bool sm90 = !weighted && dense_sm90_usable(stream);  // Hopper: the wgmma kernel
     if constexpr (std::is_same_v<scalar_t, float>) {
       if (weighted) {
         e = tf32 ? launch_dense<float, true, 0>(dp, n_work, stream) : launch_dense<float, true, 1>(dp, n_work, stream);
+      } else if (sm90) {
+        e = tf32 ? launch_dense_sm90<float, 0>(dp, n_work, stream) : launch_dense_sm90<float, 1>(dp, n_work, stream);
       } else {
         e = tf32 ? launch_dense<float, false, 0>(dp, n_work, stream) : launch_dense<float, false, 1>(dp, n_work, stream);
       }
     } else {
       e = weighted ? launch_dense<scalar_t, true, 0>(dp, n_work, stream)
+          : sm90   ? launch_dense_sm90<scalar_t, 0>(dp, n_work, stream)
                    : launch_dense<scalar_t, false, 0>(dp, n_work, stream);
     }
     if (e != cudaSuccess) return e;

@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include "block_adaptive_spmm.cuh"
+#include "dense_tiles.cuh"
 #include "launch.h"
 
 namespace fgplugin {
@@ -45,8 +46,20 @@ at::Tensor sddmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const at:
   return out;
 }
 
+// 90 when unit-weight dense tiles on CUDA device `device` run on the wgmma kernel, 80 when on the
+// mma.sync one (tests and benchmark records ask; see dense_sm90_usable).
+int64_t dense_tile_arch(int64_t device) {
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  return dense_sm90_usable(c10::cuda::getCurrentCUDAStream()) ? 90 : 80;
+}
+
 }  // namespace
 }  // namespace fgplugin
+
+// CUDA builds only (a CPU build has no such op): an op without tensor arguments, so no dispatch key.
+TORCH_LIBRARY_FRAGMENT(fgplugin, m) {
+  m.def("dense_tile_arch(int device) -> int", &fgplugin::dense_tile_arch);
+}
 
 TORCH_LIBRARY_IMPL(fgplugin, CUDA, m) {
   m.impl("spmm", &fgplugin::spmm_cuda);
