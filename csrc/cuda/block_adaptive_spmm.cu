@@ -25,7 +25,9 @@
 //        builds panel w's A fragments once per stage into shared memory for all four warps
 //        (0.601 -> 0.555 ms, 0.722 -> 0.69, 1.657 -> 1.622).
 //    It writes the raw dense partial (no scales) of the block's panels with tiles into out (in x's
-//    dtype).
+//    dtype). On sm_90a, unit-weight plans run ba_dense_sm90_kernel (dense_tiles_sm90.cu) instead:
+//    the same work split and output on warpgroup MMAs (wgmma); this kernel serves sm_80 and
+//    weighted plans (and FGPLUGIN_NO_WGMMA=1).
 // 2. ba_sparse_kernel: one warp per work item (a chunk of <= `chunk` remainder entries of one row;
 //    hub rows are split into several items). The warp is cut into 32/L groups of L lanes; lane
 //    sub-index s covers features [s*V, s*V+V) with 16-byte vector loads (V = 4 fp32, 8 bf16/fp16;
