@@ -22,9 +22,9 @@
 //     x = hi + lo (hi truncated to TF32, lo exact, read as TF32 by the tensor core: 22 of the 24
 //     significand bits, as ba_dense_kernel), and runs lo then hi; TF32 mode rounds once. 16-bit
 //     B rows are in k_row's k order (the order that makes the m16n8k8 bits the m16n8k16 values).
-// Pipeline: X of stage i+1 (and its fragment words) are loaded into registers while stage i's
-// wgmmas run; B is double-buffered in shared memory; each stage ends with wgmma.wait_group 0 (the
-// A registers are rebuilt next stage), and the 3-4 CTAs of an SM overlap each other's gaps.
+// Pipeline: X's stages (with column scales and fragment words) come through a 4-deep cp.async
+// ring; B is double-buffered, and stage i + 1's B is written while stage i's wgmmas run; each stage
+// ends with wgmma.wait_group 0 (the A registers are rebuilt for the next one).
 //
 // Limits: unit weights only (weighted plans stay on ba_dense_kernel); F < 65536 * 64.
 #include <c10/cuda/CUDAStream.h>
@@ -282,29 +282,39 @@ __global__ void __launch_bounds__(128) ba_dense_sm90_kernel(const DenseParams<sc
     cp_async_commit();
   }
   int4 next_meta = kRing - 1 < ns ? __ldg(stages + kRing - 1) : make_int4(0, 0, 0, 0);
-  int used_panels = 0;
-  for (int i = 0; i < ns; ++i) {
-    cp_async_wait<kRing - 2>();
-    __syncthreads();  // stage i landed for everyone; ring slot (i - 1) % kRing was read last iteration
-    if (i + kRing - 1 < ns) load_raw_stage(p, Raw(smem + ((i + kRing - 1) % kRing) * Raw::kBytes), next_meta, f0, tid);
-    cp_async_commit();
-    if (i + kRing < ns) next_meta = __ldg(stages + i + kRing);
-
-    const Raw S(smem + (i % kRing) * Raw::kBytes);
+  // Ring slot of stage s -> B[s & 1] (x times column scale); the stage's panel mask, and in
+  // `words` the fragment word of this warp's panel in each half (2h + warp / 2), 0 without a tile.
+  auto convert = [&](int s, uint32_t (&words)[2]) {
+    const Raw S(smem + (s % kRing) * Raw::kBytes);
     const int mask = *S.mask;
-    used_panels |= mask;
-    unsigned char* buf = bbuf + (i & 1) * Cfg::kTerms * Cfg::kTermBytes;
-    store_stage_b<scalar_t, MODE>(buf, S, tid);  // B[i & 1] was last read by stage i - 2's MMAs
-    // Fragment word of this warp's panel (2h + warp / 2), 0 where it has no tile here.
-    uint32_t words[2];
+    store_stage_b<scalar_t, MODE>(bbuf + (s & 1) * Cfg::kTerms * Cfg::kTermBytes, S, tid);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int q = 2 * h + (warp >> 1);
       words[h] = ((mask >> q) & 1) ? S.words[q * 32 + lane] : 0u;
     }
-    fence_smem_for_async();
-    __syncthreads();  // B of stage i complete
+    return mask;
+  };
+  // Stage s has landed: wait for it, then start the copies of stage s + kRing - 1 into the slot
+  // that stage s - 1 used (converted one iteration before, behind a barrier since).
+  auto land_and_refill = [&](int s) {
+    cp_async_wait<kRing - 2>();
+    __syncthreads();  // stage s visible to every thread
+    if (s + kRing - 1 < ns) load_raw_stage(p, Raw(smem + ((s + kRing - 1) % kRing) * Raw::kBytes), next_meta, f0, tid);
+    cp_async_commit();
+    if (s + kRing < ns) next_meta = __ldg(stages + s + kRing);
+  };
 
+  uint32_t words[2] = {0u, 0u};
+  int mask = 0, used_panels = 0;
+  if (ns > 0) {
+    land_and_refill(0);
+    mask = convert(0, words);
+    fence_smem_for_async();
+    __syncthreads();  // B[0] complete
+  }
+  for (int i = 0; i < ns; ++i) {
+    used_panels |= mask;
     // All A operands of the stage before the first MMA: registers written between wgmmas make the
     // compiler insert a warpgroup.arrive before each one.
     uint32_t a[2][kKSteps][4];
@@ -319,7 +329,7 @@ __global__ void __launch_bounds__(128) ba_dense_sm90_kernel(const DenseParams<sc
           a[h][ks][0] = v.x, a[h][ks][1] = v.y, a[h][ks][2] = v.z, a[h][ks][3] = v.w;
         }
       }
-    const uint64_t desc = smem_desc(buf, Cfg::kSbo);
+    const uint64_t desc = smem_desc(bbuf + (i & 1) * Cfg::kTerms * Cfg::kTermBytes, Cfg::kSbo);
     // The MMAs of one half of the block. Both halves always run (a half without tiles here adds
     // zeros): a branch between the halves' MMAs made the compiler insert a warpgroup.arrive before
     // each MMA after it.
@@ -341,9 +351,23 @@ __global__ void __launch_bounds__(128) ba_dense_sm90_kernel(const DenseParams<sc
     issue(acc[0], a[0]);
     issue(acc[1], a[1]);
     wgmma_commit();
-    wgmma_wait_all();  // the A registers are rebuilt next stage
+    // While stage i's MMAs run: land stage i + 1 and write its B into the other buffer (last read
+    // by stage i - 1's MMAs, which every warp waited for before the previous barrier).
+    if (i + 1 < ns) {
+      land_and_refill(i + 1);
+      mask = convert(i + 1, words);
+      fence_smem_for_async();
+    }
+    wgmma_wait_all();
 #pragma unroll
-    for (int h = 0; h < 2; ++h) fence_accumulators(acc[h]);
+    for (int h = 0; h < 2; ++h) {
+      fence_accumulators(acc[h]);
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)  // the MMAs read the A registers until here
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[h][ks][j])::"memory");
+    }
+    __syncthreads();  // B[(i + 1) & 1] complete; every warp's MMAs of stage i done
   }
 
   // Raw dense partial of the panels that hold tiles -> out. Accumulator 4 n + e of warp w in half h
