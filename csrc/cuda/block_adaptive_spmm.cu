@@ -73,12 +73,6 @@ constexpr int kStages = 3;
 constexpr int kSparseWarps = 4;
 
 // ------------------------------------------------------------------ small device helpers
-__device__ __forceinline__ uint32_t to_tf32(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
-  return r;
-}
-
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -109,18 +103,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, u
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
-}
-
-// Two floats -> packed 16-bit pair (first in the low half), round to nearest even.
-template <bool kBF16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (kBF16) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
 }
 
 // Element conversions between x's storage and float.
@@ -244,14 +226,6 @@ struct DenseStage {
     av = reinterpret_cast<float*>(mask + 4);
   }
 };
-
-// TF32 operand of an fp32 value for the split product: the hardware reads the top 19 bits, so the
-// high part is the value truncated there and the low part (exact in fp32) is read truncated too;
-// hi + lo keeps 22 of the 24 significand bits (relative error <= 2^-21 per element).
-__device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
-  hi = __float_as_uint(v) & 0xffffe000u;
-  lo = __float_as_uint(v - __uint_as_float(hi));
-}
 
 // Shared-memory row of the stage's column r (0..31). With PERMUTE, column 16 s + 4 h + t goes to
 // k slot 2 t + (h & 1) + 8 (h >> 1) of MMA step s: the m16n8k16 A fragment of lane (g, t) covers

@@ -9,6 +9,10 @@
 
 #include <ATen/ATen.h>
 #include <cuda_runtime_api.h>
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
 
 #include <cstdint>
 
@@ -78,6 +82,32 @@ __device__ __forceinline__ uint4 unit_frag_16bit(uint32_t word, int mm, int ks) 
   const uint32_t w = word >> (16 * mm + 8 * ks);
   return make_uint4(((w & 1u) | ((w & 4u) << 14)) * kOne16, (((w >> 1) & 1u) | ((w & 8u) << 13)) * kOne16,
                     (((w >> 4) & 1u) | ((w & 64u) << 10)) * kOne16, (((w >> 5) & 1u) | ((w & 128u) << 9)) * kOne16);
+}
+
+__device__ __forceinline__ uint32_t to_tf32(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return r;
+}
+
+// TF32 operand of an fp32 value for the split product: the hardware reads the top 19 bits, so the
+// high part is the value truncated there and the low part (exact in fp32) is read truncated too;
+// hi + lo keeps 22 of the 24 significand bits (relative error <= 2^-21 per element).
+__device__ __forceinline__ void split_tf32(float v, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(v) & 0xffffe000u;
+  lo = __float_as_uint(v - __uint_as_float(hi));
+}
+
+// Two floats -> packed 16-bit pair (first in the low half), round to nearest even.
+template <bool kBF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kBF16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
 }
 
 #endif  // __CUDACC__

@@ -178,17 +178,6 @@ __device__ __forceinline__ void load_raw_stage(const DenseParams<scalar_t>& p, c
   }
 }
 
-template <bool kBF16>
-__device__ __forceinline__ uint32_t pack_16bit(float lo, float hi) {
-  if constexpr (kBF16) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-}
-
 // Writes this thread's share of B (x times its column scale) from a ring slot into B's buffers.
 // fp32: thread = 16 kb + c4 takes k rows 4 kb.. and columns 4 c4..; 16-bit: thread = 32 kb + c2
 // takes rows 8 kb.. and columns 2 c2.. (conflict-free shared loads and 16-byte stores).
@@ -214,10 +203,9 @@ __device__ __forceinline__ void store_stage_b(unsigned char* buf, const RawStage
         const float xv = c == 0 ? xr[q].x : c == 1 ? xr[q].y : c == 2 ? xr[q].z : xr[q].w;
         const float v = xv * cs[q];
         if constexpr (MODE == 1) {
-          hi[q] = __float_as_uint(v) & 0xffffe000u;
-          lo[q] = __float_as_uint(v - __uint_as_float(hi[q]));
+          split_tf32(v, hi[q], lo[q]);
         } else {
-          asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi[q]) : "f"(v));
+          hi[q] = to_tf32(v);
         }
       }
       *reinterpret_cast<uint4*>(buf + off) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
@@ -243,7 +231,7 @@ __device__ __forceinline__ void store_stage_b(unsigned char* buf, const RawStage
 #pragma unroll
       for (int s = 0; s < 8; s += 2) {
         const int q0 = slot_row8(s), q1 = slot_row8(s + 1);
-        w[s / 2] = pack_16bit<kBF>(x2[q0][c] * cs[q0], x2[q1][c] * cs[q1]);
+        w[s / 2] = pack2<kBF>(x2[q0][c] * cs[q0], x2[q1][c] * cs[q1]);
       }
       *reinterpret_cast<uint4*>(buf + off) = make_uint4(w[0], w[1], w[2], w[3]);
     }
