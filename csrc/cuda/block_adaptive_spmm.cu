@@ -271,16 +271,7 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
     const int64_t j0 = static_cast<int64_t>(meta.x) * 32;
     const int mask = meta.y;
     used_panels |= mask;
-    if (tid < 32) {
-      const int64_t j = j0 + tid;
-      const bool ok = j < p.n_cols;
-      if (p.cs != nullptr) {
-        cp_async4(&S.cs[tid], p.cs + (ok ? j : 0), ok);
-      } else {
-        S.cs[tid] = ok ? 1.f : 0.f;
-      }
-      if (tid == 0) *S.mask = mask;
-    }
+    load_stage_scales(p, S.cs, S.mask, j0, mask, tid);
     if constexpr (!WEIGHTED) {
       const int q = tid >> 5;  // 128 threads = one word of each of the 4 panels' tiles
       if ((mask >> q) & 1) {

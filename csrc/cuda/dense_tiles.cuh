@@ -110,6 +110,22 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// Threads 0..31 start the copies of a stage's 32 column scales (1 without scales, 0 past n_cols)
+// and store its panel mask; j0 = the stage's first column.
+template <typename scalar_t>
+__device__ __forceinline__ void load_stage_scales(const DenseParams<scalar_t>& p, float* cs, int* mask_slot, int64_t j0,
+                                                  int mask, int tid) {
+  if (tid < 32) {
+    const int64_t j = j0 + tid;
+    const bool ok = j < p.n_cols;
+    if (p.cs != nullptr) {
+      cp_async4(&cs[tid], p.cs + (ok ? j : 0), ok);
+    } else {
+      cs[tid] = ok ? 1.f : 0.f;
+    }
+    if (tid == 0) *mask_slot = mask;
+  }
+}
 #endif  // __CUDACC__
 
 // The Hopper dense-tile kernel for unit weights; MODE as ba_dense_kernel's (fp32: 1 = accurate

@@ -145,16 +145,7 @@ __device__ __forceinline__ void load_raw_stage(const DenseParams<scalar_t>& p, c
                                                int4 meta, int64_t f0, int tid) {
   constexpr int kEpc = 16 / sizeof(scalar_t);  // elements per 16-byte chunk
   const int64_t j0 = static_cast<int64_t>(meta.x) * 32;
-  if (tid < 32) {
-    const int64_t j = j0 + tid;
-    const bool ok = j < p.n_cols;
-    if (p.cs != nullptr) {
-      cp_async4(&S.cs[tid], p.cs + (ok ? j : 0), ok);
-    } else {
-      S.cs[tid] = ok ? 1.f : 0.f;
-    }
-    if (tid == 0) *S.mask = meta.y;
-  }
+  load_stage_scales(p, S.cs, S.mask, j0, meta.y, tid);
   const int q = tid >> 5, lane = tid & 31;
   if ((meta.y >> q) & 1) {
     const int64_t t = meta.z + __popc(meta.y & ((1 << q) - 1));
