@@ -8,8 +8,9 @@ rebuilds and a second import loads in well under a second.
 
 CUDA kernels are compiled when torch is a CUDA build and a CUDA toolkit (nvcc) is found
 (``CUDA_HOME``), whether or not a GPU is visible, so a GPU-less build host still produces them
-(STYLE.md habit 5). ``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures (default here: "8.0;9.0a"; a list
-without "9.0a" builds no wgmma kernel, and Hopper GPUs then run the mma.sync one);
+(STYLE.md habit 5). ``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures (default here: "8.0;9.0a", or "8.0;9.0"
+with nvcc < 12; a list without "9.0a" builds no wgmma kernel, and Hopper GPUs then run the mma.sync
+one);
 ``MAX_JOBS`` caps the compiler's parallelism.
 
 If the build fails, fgplugin warns once with the reason and the fix, and the ops run on the
@@ -35,10 +36,17 @@ from pathlib import Path
 
 import torch
 
-# 9.0a, not 9.0: Hopper's warpgroup MMA (the dense-tile kernel of csrc/cuda/dense_tiles_sm90.cu)
-# exists only in sm_90a code, which runs on compute capability 9.0 GPUs (H100, H200) alone; other
-# GPUs of generation 8 and 9 run the sm_80 code.
-DEFAULT_CUDA_ARCHS = "8.0;9.0a"
+
+def default_cuda_archs(nvcc_version: str | None) -> str:
+    """The TORCH_CUDA_ARCH_LIST used when the user sets none. 9.0a, not 9.0: Hopper's warpgroup MMA
+    (the dense-tile kernel of csrc/cuda/dense_tiles_sm90.cu) exists only in sm_90a code, which runs
+    on compute capability 9.0 GPUs (H100, H200) alone; other GPUs of generation 8 and 9 run the
+    sm_80 code. nvcc before 12.0 cannot build sm_90a, so it gets plain 9.0 (the mma.sync kernel)."""
+    try:
+        major = int((nvcc_version or "").split(".")[0])
+    except ValueError:
+        major = 0
+    return "8.0;9.0a" if major >= 12 else "8.0;9.0"
 
 
 class ExtensionBuildWarning(RuntimeWarning):
@@ -139,7 +147,8 @@ def _build_and_load(with_cuda: bool) -> str:
               f"into {build_dir} (once; about a minute)", file=sys.stderr, flush=True)
     saved_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if with_cuda and saved_arch is None:
-        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_CUDA_ARCHS
+        os.environ["TORCH_CUDA_ARCH_LIST"] = default_cuda_archs(
+            _nvcc_version(cpp_extension.CUDA_HOME) if cpp_extension.CUDA_HOME else None)
     try:
         cpp_extension.load(
             name=name,

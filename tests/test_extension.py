@@ -60,3 +60,14 @@ def test_failed_build_warns_once_and_falls_back(tmp_path):
     out = _run_check(FGPLUGIN_CACHE_DIR=str(tmp_path), CXX="/bin/false", CC="/bin/false")
     assert "STATUS False 1" in out, out
     assert "FGPLUGIN_VERBOSE_BUILD" in out and "reference" in out
+
+
+def test_default_arch_list_builds_sm90a_only_where_nvcc_can():
+    """sm_90a (the wgmma dense-tile kernel) needs nvcc 12+; older toolkits keep plain 9.0, whose
+    Hopper code runs the mma.sync kernel, instead of failing the whole build."""
+    from fgplugin._extension import default_cuda_archs
+
+    assert default_cuda_archs("12.0") == "8.0;9.0a"
+    assert default_cuda_archs("13.0") == "8.0;9.0a"
+    assert default_cuda_archs("11.8") == "8.0;9.0"
+    assert default_cuda_archs(None) == "8.0;9.0"
