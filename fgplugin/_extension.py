@@ -21,6 +21,8 @@ Environment:
     FGPLUGIN_NO_EXTENSION=1   skip the build, use the reference path (no warning)
     FGPLUGIN_NO_CUDA=1        build the CPU kernels only
     FGPLUGIN_VERBOSE_BUILD=1  show the compiler's output
+    FGPLUGIN_NO_WGMMA=1       run dense tiles on H100/H200 with the mma.sync kernel instead of the
+                              wgmma one (read at every launch: for A/B runs, or as a workaround)
 """
 from __future__ import annotations
 
