@@ -33,11 +33,11 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <type_traits>
 
-#include "block_adaptive_spmm.cuh"
 #include "dense_tiles.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -68,8 +68,7 @@ __device__ __forceinline__ constexpr int slot_row8(int s) { return (s >> 1) + 4 
 // Shared-memory matrix descriptor: no swizzle, LBO = 128 bytes (next core matrix along k),
 // SBO = sbo (next 8 columns); address and offsets in 16-byte units.
 __device__ __forceinline__ uint64_t smem_desc(const void* p, int sbo) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  return static_cast<uint64_t>((a & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
+  return static_cast<uint64_t>((smem_addr(p) & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
          (static_cast<uint64_t>(sbo >> 4) << 32);
 }
 
@@ -384,10 +383,13 @@ bool dense_sm90_usable(cudaStream_t stream) {
   if (off != nullptr && std::strcmp(off, "1") == 0) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
-  static int state[kMaxDevices] = {};  // per device: 0 not probed yet, 1 no, 2 yes
+  // Per device: 0 not probed yet, 1 no, 2 yes. Read without the lock on every launch once known;
+  // the lock only keeps two threads from probing the same device at once.
+  static std::atomic<int> state[kMaxDevices] = {};
+  if (const int known = state[device].load(std::memory_order_acquire); known != 0) return known == 2;
   static std::mutex lock;
   const std::lock_guard<std::mutex> guard(lock);
-  if (state[device] != 0) return state[device] == 2;
+  if (const int known = state[device].load(std::memory_order_acquire); known != 0) return known == 2;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return false;
   int major = 0, minor = 0;
@@ -403,7 +405,7 @@ bool dense_sm90_usable(cudaStream_t stream) {
     }
     cudaGetLastError();  // a failed probe leaves no sticky error for the caller's launch check
   }
-  state[device] = yes == 1 ? 2 : 1;
+  state[device].store(yes == 1 ? 2 : 1, std::memory_order_release);
   return yes == 1;
 }
 
