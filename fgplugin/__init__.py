@@ -4,7 +4,8 @@ Importing fgplugin builds (first time) and loads its kernels; see fgplugin/_exte
 """
 import torch as _torch
 
-from . import _extension, ops as _ops
+from . import _extension, input_cache, ops as _ops
+from .input_cache import set_input_cache
 from .normalization import Normalization, normalization
 from .ops import spmm
 from .tiling import TiledAdjacency, TilePlan
@@ -27,4 +28,5 @@ def extension_status() -> "_extension.ExtensionStatus":
     return _status
 
 
-__all__ = ["TiledAdjacency", "TilePlan", "Normalization", "normalization", "spmm", "extension_status"]
+__all__ = ["TiledAdjacency", "TilePlan", "Normalization", "normalization", "spmm", "extension_status",
+           "set_input_cache"]

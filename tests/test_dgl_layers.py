@@ -211,6 +211,49 @@ def test_sgconv_matches_stock(case):
     assert rel_err(ours(graph, feat + 1), first) < TOL and rel_err(stock(graph, feat), first) < TOL
 
 
+@pytest.mark.parametrize("layer, case", [(layer, case) for layer in ("GraphConv-wide", "GraphConv-narrow", "SAGEConv")
+                                          for case in ("homo-loops", "bipartite", "block")]
+                         + [("SGConv", "homo-loops")])  # SGConv takes one node set
+def test_constant_input_aggregation_is_kept(layer, case, monkeypatch):
+    """fgplugin.input_cache: from the third call on a constant input runs no SpMM, and five Adam
+    steps give the stock layer's outputs and weights; new edge weights are seen."""
+    import fgplugin
+    from fgplugin import input_cache, ops
+
+    graph = graph_case(case)
+    widths, call_spmm = [], ops._call_spmm
+    monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
+    make = {"GraphConv-wide": lambda: make_pair("GraphConv", 6, 3, norm="both", allow_zero_in_degree=True),
+            "GraphConv-narrow": lambda: make_pair("GraphConv", 6, 9, norm="right", allow_zero_in_degree=True),
+            "SAGEConv": lambda: make_pair("SAGEConv", 6, 3, "mean"),
+            "SGConv": lambda: make_pair("SGConv", 6, 3, k=2, allow_zero_in_degree=True)}[layer]
+    stock, ours = make()
+    feat = torch.randn(graph.num_src_nodes(), 6)
+    if layer == "SAGEConv" and case == "bipartite":  # two node sets: a feature pair
+        feat = (feat, torch.randn(graph.num_dst_nodes(), 6))
+    weight = torch.rand(graph.num_edges()) + 0.1
+    opts = [torch.optim.Adam(m.parameters(), lr=0.05) for m in (stock, ours)]
+    previous = fgplugin.set_input_cache(True)
+    try:
+        for step in range(5):
+            before = len(widths)
+            outs = [m(graph, feat, edge_weight=weight) for m in (stock, ours)]
+            assert rel_err(outs[1], outs[0]) < TOL, step
+            assert input_cache.of(ours).holds == (step >= 1)
+            if step >= 2:
+                assert len(widths) == before, f"step {step} aggregated again"
+            for opt, out in zip(opts, outs):
+                opt.zero_grad()
+                (out ** 2).mean().backward()
+                opt.step()
+        for (name, p_s), p_o in zip(stock.named_parameters(), ours.parameters()):
+            assert rel_err(p_o, p_s) < TOL, name
+        weight.mul_(2)
+        assert rel_err(ours(graph, feat, edge_weight=weight), stock(graph, feat, edge_weight=weight)) < TOL
+    finally:
+        fgplugin.set_input_cache(previous)
+
+
 def test_real_graph_matches_stock():
     from fgplugin.datasets import load_npz, require_shared_data
 

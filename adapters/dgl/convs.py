@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 import fgplugin
-from fgplugin import TiledAdjacency
+from fgplugin import TiledAdjacency, input_cache
 from fgplugin.ops import aggregate_padded_product, padded_width
 
 from ._import_shim import import_dgl
@@ -86,6 +86,15 @@ def _served(graph, feat_src: Tensor, edge_weight) -> Structure | None:
         return None
 
 
+def _kept(layer, graph, feat_src: Tensor, edge_weight, found: Structure, compute, *settings) -> Tensor | None:
+    """``compute()``, the aggregation of ``feat_src``, kept from an earlier call when it is a
+    constant input over the same graph and edge weights (fgplugin.input_cache), else ``None``.
+    ``settings``: the layer's options that ``compute`` depends on."""
+    deps = (structure(graph).adj, edge_weight, type(layer).__name__, *settings)
+    nbytes = feat_src.numel() // max(feat_src.shape[0], 1) * found.adj.shape[0] * feat_src.element_size()
+    return input_cache.of(layer).get(feat_src, deps, nbytes, compute)
+
+
 class GraphConv(dgl_conv.GraphConv):
     r"""Drop-in :class:`dgl.nn.GraphConv` whose aggregation runs on fgplugin's SpMM.
 
@@ -105,7 +114,11 @@ class GraphConv(dgl_conv.GraphConv):
         adj = found.adj
         row_scale, col_scale, _ = adj.norm(self._norm)
         weight = self.weight if weight is None else weight
-        if self._in_feats > self._out_feats:  # multiply by W first: aggregate fewer columns
+        kept = None if weight is None else _kept(self, graph, feat_src, edge_weight, found,
+                                                 lambda: _spmm(adj, feat_src, row_scale, col_scale), self._norm)
+        if kept is not None:  # a constant input's A X, kept: (A X) W = A (X W)
+            rst = torch.matmul(kept, weight)
+        elif self._in_feats > self._out_feats:  # multiply by W first: aggregate fewer columns
             rst = _aggregate_transformed(adj, feat_src, weight, row_scale, col_scale)
         else:
             rst = _spmm(adj, feat_src, row_scale, col_scale)
@@ -136,7 +149,10 @@ class SAGEConv(dgl_conv.SAGEConv):
                 feat_dst = feat_src[: graph.number_of_dst_nodes()]
         adj = found.adj
         row_scale = adj.norm("mean").row_scale
-        if self._in_src_feats > self._out_feats:  # A (X W): aggregate fewer columns
+        kept = _kept(self, graph, feat_src, edge_weight, found, lambda: _spmm(adj, feat_src, row_scale))
+        if kept is not None:  # a constant input's neighbour mean, kept
+            h_neigh = self.fc_neigh(kept)
+        elif self._in_src_feats > self._out_feats:  # A (X W): aggregate fewer columns
             h_neigh = _spmm(adj, self.fc_neigh(feat_src), row_scale)
         else:
             h_neigh = self.fc_neigh(_spmm(adj, feat_src, row_scale))
@@ -168,8 +184,13 @@ class SGConv(dgl_conv.SGConv):
         else:
             row_scale, col_scale = _positive_rsqrt(adj.in_degree(weighted=True)), _positive_rsqrt(
                 adj.out_degree(weighted=True))
-        for _ in range(self._k):
-            feat = _spmm(adj, feat, row_scale, col_scale)
+        def propagate(h=feat):
+            for _ in range(self._k):
+                h = _spmm(adj, h, row_scale, col_scale)
+            return h
+
+        kept = _kept(self, graph, feat, edge_weight, found, propagate, self._k)
+        feat = kept if kept is not None else propagate()
         if self.norm is not None:
             feat = self.norm(feat)
         if self._cached:

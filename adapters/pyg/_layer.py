@@ -3,10 +3,13 @@ the rules for handing a call to the stock code (hooks, explain mode, TorchScript
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import torch
 from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
+
+from fgplugin import input_cache
 
 from ._deferred import DeferredPlan
 from ._graph import SPARSE_KINDS, graph_of, input_kind, values_of
@@ -83,6 +86,17 @@ class FgpluginLayer:
             return None
         plan = self._plan(x.size(self.node_dim), edge_index, edge_weight)
         return plan if fits(plan, x, self.node_dim) else None
+
+    def _kept_aggregation(self, plan: Plan | DeferredPlan, x: Tensor, compute: Callable[[], Tensor] | None = None,
+                          extra: tuple = ()) -> Tensor | None:
+        """``compute()`` (default: ``aggregate(plan, x)``) kept from an earlier call when ``x`` is
+        a constant input over the same graph (fgplugin.input_cache), else ``None``. ``extra``:
+        the layer's settings that ``compute`` depends on beyond the plan."""
+        if not isinstance(plan, Plan) or not plan.key or x.dim() < 2:
+            return None
+        nbytes = x.numel() // max(x.size(self.node_dim), 1) * plan.shape[0] * x.element_size()
+        compute = compute or (lambda: aggregate(plan, x, self.node_dim))
+        return input_cache.of(self).get(x, (*plan.key, self.node_dim, *extra), nbytes, compute)
 
     def _stock_forward(self, *args):
         # The stock code reads its caches as normalized graphs, never as our plans.

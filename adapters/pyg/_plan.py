@@ -34,10 +34,13 @@ MEAN = NormSpec("mean")
 
 
 class Plan(NamedTuple):
-    """A layer's aggregation ``spmm(adj, x, *norm)``: the (weighted) adjacency and its scales."""
+    """A layer's aggregation ``spmm(adj, x, *norm)``: the (weighted) adjacency and its scales.
+    ``key`` is what they were built from (the cached graph object, edge values, normalization):
+    equal keys mean equal aggregations, which fgplugin.input_cache relies on."""
 
     adj: TiledAdjacency
     norm: Normalization
+    key: tuple = ()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -69,12 +72,13 @@ def plan_of(graph: Graph, values: Tensor | None, norm: NormSpec) -> Plan | None:
     adj = weighted(graph, values)
     if adj is None:
         return None
+    key = (graph.adj, values, norm)
     if norm.kind == "gcn":
-        return Plan(adj, gcn_scales(graph, adj, values, norm.improved, norm.add_self_loops))
+        return Plan(adj, gcn_scales(graph, adj, values, norm.improved, norm.add_self_loops), key)
     if norm.kind == "mean":
-        return Plan(adj, adj.norm("mean"))
+        return Plan(adj, adj.norm("mean"), key)
     if norm.kind == "none":
-        return Plan(adj, NO_NORM)
+        return Plan(adj, NO_NORM, key)
     raise ValueError(f"unknown normalization {norm.kind!r}; expected 'none', 'gcn' or 'mean'")
 
 

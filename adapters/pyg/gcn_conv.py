@@ -38,9 +38,13 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         plan = self._served_plan(x, edge_index, edge_weight)
         if plan is None:
             return self._stock_forward(x, edge_index, edge_weight)
-        # A (X W) = (A X) W: aggregate on the narrower side, as DGL's GraphConv does. When the
-        # input is the narrower side this also skips the backward SpMM if x needs no gradient.
-        if x.layout == torch.strided and x.size(-1) < self.out_channels:
+        # A (X W) = (A X) W: a constant input's A X is kept and reused (fgplugin.input_cache);
+        # else aggregate on the narrower side, as DGL's GraphConv does. When the input is the
+        # narrower side this also skips the backward SpMM if x needs no gradient.
+        kept = self._kept_aggregation(plan, x)
+        if kept is not None:
+            out = self.lin(kept)
+        elif x.layout == torch.strided and x.size(-1) < self.out_channels:
             out = self.lin(aggregate(plan, x, self.node_dim))
         else:
             out = self._aggregate_transformed(plan, x)

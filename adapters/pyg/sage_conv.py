@@ -38,7 +38,8 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
             return self._stock_forward(x, edge_index, size)
         if self.project and hasattr(self, "lin"):
             pair = (self.lin(pair[0]).relu(), pair[1])
-        out = self.lin_l(aggregate(plan, pair[0], self.node_dim))
+        kept = self._kept_aggregation(plan, pair[0])  # a constant input's mean, kept (fgplugin.input_cache)
+        out = self.lin_l(kept if kept is not None else aggregate(plan, pair[0], self.node_dim))
         if self.root_weight and pair[1] is not None:
             out = out + self.lin_r(pair[1])
         if self.normalize:

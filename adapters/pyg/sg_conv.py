@@ -30,11 +30,16 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
         plan = self._served_plan(x, edge_index, edge_weight)
         if plan is None:
             return self._stock_forward(x, edge_index, edge_weight)
+        kept = self._kept_aggregation(plan, x, lambda: self._propagate(plan, x), extra=(self.K,))
+        x = kept if kept is not None else self._propagate(plan, x)
+        if self.cached:
+            self._cached_x = x
+        return self.lin(x)
+
+    def _propagate(self, plan, x: Tensor) -> Tensor:
         for _ in range(self.K):
             x = aggregate(plan, x, self.node_dim)
-            if self.cached:
-                self._cached_x = x
-        return self.lin(x)
+        return x
 
     def _plan(self, n: int, edge_index, edge_weight) -> Plan | DeferredPlan | None:
         norm = NormSpec("gcn", False, self.add_self_loops)

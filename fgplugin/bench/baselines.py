@@ -5,6 +5,9 @@ Every implementation computes ``conv2(dropout(relu(conv1(x))))`` with
 
 - ``fgplugin``: :class:`fgplugin.pyg.GCNConv` (what ``fgplugin.pyg.convert`` gives) on a
   :class:`fgplugin.TiledAdjacency`; like stock PyG it multiplies by W before aggregating;
+- ``fgplugin-nocache``: ``fgplugin`` with fgplugin.input_cache switched off, so that the first
+  layer aggregates its (constant) input every step as the baselines do: the kernels' share of
+  the ``fgplugin`` row's gain;
 - ``fgplugin-dgl``: :class:`fgplugin.dgl.GraphConv` (what ``fgplugin.dgl.convert`` gives) on the
   same DGL graph as ``dgl``: DGL's order of operations, fgplugin's SpMM;
 - ``dgl``: stock ``dgl.nn.GraphConv(norm='both')`` on a DGL graph with self loops;
@@ -32,8 +35,10 @@ from torch import nn
 
 IMPLS = ("fgplugin", "dgl", "dgl-path", "cusparse-cached", "pyg-edge_index", "pyg-adj_t")
 # fgplugin variants (BENCHMARKS.md: fgplugin plus a suffix): fgplugin.dgl.GraphConv on the DGL graph, which keeps
-# DGL's order of operations (aggregate first when in_feats <= out_feats), so it pairs with `dgl`.
-VARIANTS = ("fgplugin-dgl",)
+# DGL's order of operations (aggregate first when in_feats <= out_feats), so it pairs with `dgl`; and fgplugin
+# without the input cache (run_one switches it off).
+VARIANTS = ("fgplugin-dgl", "fgplugin-nocache")
+FGPLUGIN_PYG = ("fgplugin", "fgplugin-nocache")  # the same model
 
 
 class ImplUnavailable(RuntimeError):
@@ -233,12 +238,12 @@ def _build_pyg_convs(weights: Weights, cls):
 
 def _import(impl: str, device: torch.device) -> None:
     if impl not in IMPLS + VARIANTS:
-        raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
-    if impl in ("fgplugin", "pyg-edge_index", "pyg-adj_t"):
+        raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS + VARIANTS)}")
+    if impl in (*FGPLUGIN_PYG, "pyg-edge_index", "pyg-adj_t"):
         require_pyg()
         import torch_geometric.nn  # noqa: F401
         import torch_geometric.transforms  # noqa: F401
-        if impl == "fgplugin":
+        if impl in FGPLUGIN_PYG:
             import fgplugin.pyg  # noqa: F401
     elif impl in ("dgl", "fgplugin-dgl"):
         require_dgl(device)
@@ -279,7 +284,7 @@ def build(impl: str, weights: Weights, edge_index: torch.Tensor, num_nodes: int,
     device = edge_index.device
     _import(impl, device)  # imports are not preprocessing: time only the graph objects
     start = time.perf_counter()
-    if impl == "fgplugin":
+    if impl in FGPLUGIN_PYG:
         import fgplugin
         import fgplugin.pyg as fgpyg
         if adj is None:

@@ -1,0 +1,167 @@
+"""Reuse of a layer's aggregation of an input that stays the same from one call to the next.
+
+In full-batch training the first layer sees the same node features ``x`` every epoch: a tensor
+that needs no gradient, over a graph that does not change. Its aggregation ``A x`` (with the
+layer's normalization) is then the same every epoch, and because the layer's weight acts on the
+feature dimension only, ``A (x W) = (A x) W``. So the drop-in layers keep ``A x`` and from then on
+run only the dense product: on a 2-layer GCN this removes the first layer's forward SpMM and its
+backward one (``A^T G`` for W's gradient) from every training step. The stock layers compute the
+same values in a different order; results agree within float rounding.
+
+When a layer uses it (all must hold, else the layer runs as without it, at no extra cost):
+
+- ``x`` and every tensor the aggregation reads (edge weights, a sparse input's values) need no
+  gradient, and no autograd-changing context is active (``torch.compile`` tracing,
+  ``torch.func`` transforms, inference mode);
+- the call is the second one in a row to see the same ``x`` object, unchanged since (its
+  ``_version``), over the same graph object and normalization: the aggregation is built then, so a
+  model called once (inference) never pays for a wider SpMM it will not reuse;
+- the kept tensor (the size of ``x``) is at most ``MAX_MEMORY_FRACTION`` of the device's memory.
+
+Switch it off with ``FGPLUGIN_INPUT_CACHE=0`` or :func:`set_input_cache`. A layer holds at most
+one kept tensor; a call with another input drops it, and a layer that is copied or pickled starts
+empty. Changes that PyTorch does not count in ``_version`` (writes through ``x.data`` or through
+a NumPy view) are not seen: after such a write, call :meth:`InputCache.clear` on the layer's cache
+(``fgplugin.input_cache.of(layer)``) or switch the cache off.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+MAX_MEMORY_FRACTION = 0.125
+_enabled = os.environ.get("FGPLUGIN_INPUT_CACHE", "1") != "0"
+
+
+def set_input_cache(enabled: bool) -> bool:
+    """Turns the reuse of constant inputs' aggregations on or off for every layer; returns the
+    previous setting. Kept aggregations are dropped by each layer's next call while it is off."""
+    global _enabled
+    previous, _enabled = _enabled, bool(enabled)
+    return previous
+
+
+def input_cache_enabled() -> bool:
+    return _enabled
+
+
+class _Key:
+    """What an aggregation depends on: tensors and other objects by identity (a weak reference;
+    tensors also by ``_version``), plain values (normalization settings) by equality."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, deps: tuple):
+        parts = []
+        for obj in deps:
+            try:
+                ref = weakref.ref(obj)
+            except TypeError:  # a plain value: None, a number, a string, a named tuple of them
+                parts.append((False, obj, None))
+                continue
+            parts.append((True, ref, obj._version if isinstance(obj, Tensor) else None))
+        self._parts = tuple(parts)
+
+    def matches(self, deps: tuple) -> bool:
+        if len(deps) != len(self._parts):
+            return False
+        for obj, (by_ref, held, version) in zip(deps, self._parts):
+            if by_ref:
+                if held() is not obj or (isinstance(obj, Tensor) and obj._version != version):
+                    return False
+            elif type(obj) is not type(held) or obj != held:
+                return False
+        return True
+
+
+class InputCache:
+    """One layer's kept aggregation (see the module docstring for when it is used)."""
+
+    __slots__ = ("_key", "_value", "_seen")
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self._key = self._value = self._seen = None
+
+    @property
+    def holds(self) -> bool:
+        """Whether an aggregation is kept."""
+        return self._value is not None
+
+    def get(self, x: Tensor, deps: tuple, nbytes: int, aggregate: Callable[[], Tensor]) -> Tensor | None:
+        """The aggregation of ``x`` (``aggregate()``, ``nbytes`` in size) when it may be reused,
+        else ``None`` and the caller computes as usual.
+
+        ``deps`` lists everything besides ``x`` that the aggregation reads (graph, edge values,
+        normalization settings). Do not modify the returned tensor: later calls return it again.
+        """
+        deps = (x, *deps)
+        if not _reusable(deps):
+            self.clear()
+            return None
+        if self._key is not None and self._key.matches(deps):
+            return self._value
+        if self._seen is None or not self._seen.matches(deps):
+            self.clear()  # a new input: drop what no longer matches
+            self._seen = _Key(deps)
+            return None
+        if not _fits(nbytes, x.device):
+            return None
+        with torch.no_grad():
+            value = aggregate()
+        self._key, self._value, self._seen = _Key(deps), value, None
+        return value
+
+    # A copy of a layer (deepcopy, pickle, torch.save) starts with an empty cache: what it holds
+    # refers to the original's inputs and would only take memory.
+    def __deepcopy__(self, memo):
+        return InputCache()
+
+    def __reduce__(self):
+        return (InputCache, ())
+
+
+def of(module: torch.nn.Module) -> InputCache:
+    """The :class:`InputCache` of a drop-in layer (created on first use)."""
+    cache = module.__dict__.get("_fgplugin_input_cache")
+    if cache is None:
+        cache = module.__dict__["_fgplugin_input_cache"] = InputCache()
+    return cache
+
+
+def _reusable(deps: tuple) -> bool:
+    if not _enabled or torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+        return False
+    if getattr(torch._C, "_are_functorch_transforms_active", lambda: False)():  # torch.func.grad / vmap
+        return False
+    x = deps[0]
+    if not isinstance(x, Tensor) or x.layout != torch.strided:
+        return False
+    return not any(isinstance(t, Tensor) and (t.requires_grad or t.is_inference()) for t in deps)
+
+
+_device_bytes: dict[torch.device, int | None] = {}
+
+
+def _fits(nbytes: int, device: torch.device) -> bool:
+    if device not in _device_bytes:
+        _device_bytes[device] = _memory_of(device)
+    total = _device_bytes[device]
+    return total is None or nbytes <= MAX_MEMORY_FRACTION * total
+
+
+def _memory_of(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None

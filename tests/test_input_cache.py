@@ -1,0 +1,190 @@
+"""fgplugin.input_cache: a constant input's aggregation is kept and reused by the PyG layers, and
+never where it would be stale or wrong (the DGL layers: test_dgl_layers.py)."""
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
+import torch_geometric.nn as pyg_nn  # noqa: E402
+
+import fgplugin  # noqa: E402
+import fgplugin.pyg as fp  # noqa: E402
+from fgplugin import input_cache  # noqa: E402
+
+TOL = 1e-5
+
+
+def rel_err(a, b):
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+@pytest.fixture
+def spmm_calls(monkeypatch):
+    """Counts fgplugin.spmm calls (every aggregation of the PyG layers goes through it)."""
+    calls = []
+    original = fgplugin.spmm
+
+    def counting(*args, **kwargs):
+        calls.append(args[1].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(fgplugin, "spmm", counting)
+    return calls
+
+
+@pytest.fixture(autouse=True)
+def cache_on():
+    previous = fgplugin.set_input_cache(True)
+    yield
+    fgplugin.set_input_cache(previous)
+
+
+def graph(n=60, e=400, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, n, (2, e), generator=g), n
+
+
+LAYERS = {
+    "gcn-wide-in": lambda cls: cls(16, 4),   # in > out: stock order A (X W)
+    "gcn-narrow-in": lambda cls: cls(4, 16),
+    "gcn-improved": lambda cls: cls(16, 4, improved=True, cached=True),
+    "sage": lambda cls: cls(16, 4),
+    "sg": lambda cls: cls(16, 4, K=2),
+}
+
+
+def pair(config):
+    name = {"gcn": "GCNConv", "sage": "SAGEConv", "sg": "SGConv"}[config.split("-")[0]]
+    torch.manual_seed(0)
+    stock = LAYERS[config](getattr(pyg_nn, name))
+    ours = LAYERS[config](getattr(fp, name))
+    ours.load_state_dict(stock.state_dict())
+    return stock, ours
+
+
+@pytest.mark.parametrize("config", LAYERS)
+def test_kept_from_the_second_call_and_training_matches_stock(config, spmm_calls):
+    """Call 1 remembers x, call 2 keeps A x, calls 3+ run no SpMM; five Adam steps give the
+    stock layer's outputs and weights."""
+    ei, n = graph()
+    stock, ours = pair(config)
+    x = torch.randn(n, stock.in_channels)
+    opt_s = torch.optim.Adam(stock.parameters(), lr=0.05)
+    opt_o = torch.optim.Adam(ours.parameters(), lr=0.05)
+    target = torch.randn(n, stock.out_channels)
+    for step in range(5):
+        before = len(spmm_calls)
+        out_s, out_o = stock(x, ei), ours(x, ei)
+        assert rel_err(out_o, out_s) < TOL, step
+        assert input_cache.of(ours).holds == (step >= 1)
+        if step >= 2:
+            assert len(spmm_calls) == before, f"step {step} aggregated again"
+        for opt, out in ((opt_s, out_s), (opt_o, out_o)):
+            opt.zero_grad()
+            ((out - target) ** 2).mean().backward()
+            opt.step()
+    for (name, p_s), p_o in zip(stock.named_parameters(), ours.parameters()):
+        assert rel_err(p_o, p_s) < TOL, name
+
+
+def test_wide_input_is_aggregated_once_at_its_own_width(spmm_calls):
+    ei, n = graph()
+    _, ours = pair("gcn-wide-in")
+    x = torch.randn(n, 16)
+    for _ in range(4):
+        ours(x, ei)
+    # call 1: A (X W) at 4 columns; call 2: A X at 16 (kept); calls 3-4: none
+    assert [s[1] for s in spmm_calls] == [4, 16]
+
+
+def test_changed_input_is_seen(spmm_calls):
+    """An in-place write, a new tensor, a new graph or new edge weights each give fresh results."""
+    ei, n = graph()
+    w = torch.rand(ei.shape[1])
+    stock, ours = pair("gcn-wide-in")
+    x = torch.randn(n, 16)
+    for _ in range(3):
+        ours(x, ei, w)
+    assert input_cache.of(ours).holds
+    x.mul_(2)  # in place: _version changes
+    assert rel_err(ours(x, ei, w), stock(x, ei, w)) < TOL
+    w.add_(1.0)
+    assert rel_err(ours(x, ei, w), stock(x, ei, w)) < TOL
+    ei2, _ = graph(seed=1)
+    assert rel_err(ours(x, ei2, w), stock(x, ei2, w)) < TOL
+    x2 = x.clone()
+    assert rel_err(ours(x2, ei, w), stock(x2, ei, w)) < TOL
+    assert not input_cache.of(ours).holds
+
+
+def test_never_kept_where_gradients_flow_through_the_aggregation(spmm_calls):
+    ei, n = graph()
+    stock, ours = pair("gcn-wide-in")
+    x = torch.randn(n, 16, requires_grad=True)
+    w = torch.rand(ei.shape[1], requires_grad=True)
+    for _ in range(3):
+        ours(x, ei).sum().backward()
+        ours(x.detach(), ei, w).sum().backward()
+    assert not input_cache.of(ours).holds
+    assert x.grad is not None and w.grad is not None
+    x_s = x.detach().clone().requires_grad_()
+    w_s = w.detach().clone().requires_grad_()
+    for _ in range(3):
+        stock(x_s, ei).sum().backward()
+        stock(x_s.detach(), ei, w_s).sum().backward()
+    assert rel_err(x.grad, x_s.grad) < TOL and rel_err(w.grad, w_s.grad) < TOL
+
+
+def test_switch_inference_mode_and_memory_cap(spmm_calls, monkeypatch):
+    ei, n = graph()
+    _, ours = pair("gcn-wide-in")
+    x = torch.randn(n, 16)
+    fgplugin.set_input_cache(False)
+    for _ in range(3):
+        ours(x, ei)
+    assert not input_cache.of(ours).holds and len(spmm_calls) == 3
+    fgplugin.set_input_cache(True)
+    with torch.inference_mode():
+        for _ in range(3):
+            ours(x, ei)
+    assert not input_cache.of(ours).holds
+    ours(x, ei).sum().backward()  # nothing kept in inference mode leaks into training
+    monkeypatch.setattr(input_cache, "MAX_MEMORY_FRACTION", 0.0)
+    for _ in range(3):
+        ours(x, ei)
+    assert not input_cache.of(ours).holds
+
+
+def test_copies_start_empty_and_pickle():
+    ei, n = graph()
+    _, ours = pair("gcn-wide-in")
+    x = torch.randn(n, 16)
+    for _ in range(2):
+        ours(x, ei)
+    assert input_cache.of(ours).holds
+    twin = copy.deepcopy(ours)
+    assert not input_cache.of(twin).holds
+    buf = io.BytesIO()
+    torch.save(ours, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert not input_cache.of(loaded).holds
+    assert rel_err(loaded(x, ei), ours(x, ei)) < TOL
+    assert not input_cache.of(pickle.loads(pickle.dumps(ours))).holds
+
+
+def test_eval_on_a_fixed_graph_reuses_the_training_aggregation(spmm_calls):
+    """model.eval() changes nothing the aggregation depends on (GCN has no dropout inside)."""
+    ei, n = graph()
+    stock, ours = pair("gcn-wide-in")
+    x = torch.randn(n, 16)
+    ours(x, ei), ours(x, ei)
+    ours.eval()
+    before = len(spmm_calls)
+    with torch.no_grad():
+        assert rel_err(ours(x, ei), stock(x, ei)) < TOL
+    assert len(spmm_calls) == before
