@@ -19,10 +19,11 @@ When a layer uses it (all must hold, else the layer runs as without it, at no ex
 - the kept tensor (the size of ``x``) is at most ``MAX_MEMORY_FRACTION`` of the device's memory.
 
 Switch it off with ``FGPLUGIN_INPUT_CACHE=0`` or :func:`set_input_cache`. A layer holds at most
-one kept tensor; a call with another input drops it, and a layer that is copied or pickled starts
-empty. Changes that PyTorch does not count in ``_version`` (writes through ``x.data`` or through
-a NumPy view) are not seen: after such a write, call :meth:`InputCache.clear` on the layer's cache
-(``fgplugin.input_cache.of(layer)``) or switch the cache off.
+one kept tensor; a call with another input drops it, so does freeing ``x``, and a layer that is
+copied or pickled starts empty. Changes that PyTorch does not count in ``_version`` (writes
+through ``x.data`` or through a NumPy view) are not seen: after such a write, call
+:meth:`InputCache.clear` on the layer's cache (``fgplugin.input_cache.of(layer)``) or switch the
+cache off.
 """
 from __future__ import annotations
 
@@ -81,13 +82,13 @@ class _Key:
 class InputCache:
     """One layer's kept aggregation (see the module docstring for when it is used)."""
 
-    __slots__ = ("_key", "_value", "_seen")
+    __slots__ = ("_key", "_value", "_seen", "_watch", "__weakref__")
 
     def __init__(self):
         self.clear()
 
     def clear(self) -> None:
-        self._key = self._value = self._seen = None
+        self._key = self._value = self._seen = self._watch = None
 
     @property
     def holds(self) -> bool:
@@ -116,6 +117,7 @@ class InputCache:
         with torch.no_grad():
             value = aggregate()
         self._key, self._value, self._seen = _Key(deps), value, None
+        self._watch = weakref.ref(x, _dropper(self, self._key))  # x freed: free its aggregation too
         return value
 
     # A copy of a layer (deepcopy, pickle, torch.save) starts with an empty cache: what it holds
@@ -125,6 +127,16 @@ class InputCache:
 
     def __reduce__(self):
         return (InputCache, ())
+
+
+def _dropper(cache: InputCache, key: _Key):
+    owner = weakref.ref(cache)
+
+    def drop(_):
+        held = owner()
+        if held is not None and held._key is key:
+            held.clear()
+    return drop
 
 
 def of(module: torch.nn.Module) -> InputCache:

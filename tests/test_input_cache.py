@@ -159,6 +159,16 @@ def test_switch_inference_mode_and_memory_cap(spmm_calls, monkeypatch):
     assert not input_cache.of(ours).holds
 
 
+def test_freeing_the_input_frees_its_aggregation():
+    ei, n = graph()
+    _, ours = pair("gcn-wide-in")
+    x = torch.randn(n, 16)
+    ours(x, ei), ours(x, ei)
+    assert input_cache.of(ours).holds
+    del x
+    assert not input_cache.of(ours).holds
+
+
 def test_copies_start_empty_and_pickle():
     ei, n = graph()
     _, ours = pair("gcn-wide-in")
@@ -188,3 +198,22 @@ def test_eval_on_a_fixed_graph_reuses_the_training_aggregation(spmm_calls):
     with torch.no_grad():
         assert rel_err(ours(x, ei), stock(x, ei)) < TOL
     assert len(spmm_calls) == before
+
+
+def test_sparse_adj_t_inputs_are_keyed_by_the_tensor(spmm_calls):
+    """A torch.sparse adj_t gives a new values() tensor on every read: the key is the sparse
+    tensor itself, whose version counter also counts writes through values()."""
+    from torch_geometric.utils import to_torch_csr_tensor
+
+    ei, n = graph()
+    adj_t = to_torch_csr_tensor(ei.flip(0), torch.rand(ei.shape[1]), (n, n))
+    stock, ours = pair("gcn-wide-in")
+    x = torch.randn(n, 16)
+    for _ in range(3):
+        ours(x, adj_t)
+    assert input_cache.of(ours).holds
+    before = len(spmm_calls)
+    ours(x, adj_t)
+    assert len(spmm_calls) == before
+    adj_t.values().mul_(3)
+    assert rel_err(ours(x, adj_t), stock(x, adj_t)) < TOL

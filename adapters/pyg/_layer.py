@@ -38,7 +38,9 @@ def make_plan(source, edge_weight: Tensor | None, n_src: int, n_dst: int, flip: 
     graph = graph_of(source, n_src, n_dst, flip)
     if graph is None:
         return None
-    return plan_of(graph, values_of(source) if graph.kind in values_from else edge_weight, norm)
+    if graph.kind not in values_from:
+        return plan_of(graph, edge_weight, norm)
+    return plan_of(graph, values_of(source), norm, source if graph.kind == "torch.sparse" else None)
 
 
 def fits(plan: Plan | DeferredPlan | None, x: Tensor, node_dim: int, n_dst: int | None = None) -> bool:

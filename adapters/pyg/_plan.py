@@ -66,13 +66,15 @@ def weighted(graph: Graph, values: Tensor | None) -> TiledAdjacency | None:
         return None
 
 
-def plan_of(graph: Graph, values: Tensor | None, norm: NormSpec) -> Plan | None:
+def plan_of(graph: Graph, values: Tensor | None, norm: NormSpec, values_source=None) -> Plan | None:
     """The plan of ``graph`` with edge ``values`` (input edge order) under ``norm``; ``None``
-    where fgplugin refuses the values."""
+    where fgplugin refuses the values. ``values_source``: the object the values were read from
+    when each read gives a new tensor (a ``torch.sparse`` input's ``values()``); it stands for
+    them in the plan's key (its version counter counts writes to its values)."""
     adj = weighted(graph, values)
     if adj is None:
         return None
-    key = (graph.adj, values, norm)
+    key = (graph.adj, values if values_source is None else values_source, norm)
     if norm.kind == "gcn":
         return Plan(adj, gcn_scales(graph, adj, values, norm.improved, norm.add_self_loops), key)
     if norm.kind == "mean":
