@@ -5,6 +5,8 @@ Each subclasses the stock layer and overrides only ``forward``: constructor, par
 serve a call (a graph with several edge types, features on another device, an aggregator other
 than mean) the stock code runs. The structure of a graph is built once and kept on DGL's graph
 index (``graph._graph``), which ``local_scope()`` shares and any structural change replaces.
+An input that is the same unchanged tensor on every call and needs no gradient has its
+aggregation kept from the second call on (fgplugin.input_cache): then only the dense products run.
 """
 from __future__ import annotations
 

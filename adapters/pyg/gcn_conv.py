@@ -24,7 +24,9 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
     graph may also be a :class:`fgplugin.TiledAdjacency`. With ``cached=True`` the layer keeps its
     fgplugin plan (adjacency and scales) in ``_cached_edge_index`` (``_cached_adj_t`` for a
     ``SparseTensor``) on the first call and, like the stock layer, ignores the graphs of later
-    calls; a ``TiledAdjacency`` carries its own cache and is always used as given. Hooks,
+    calls; a ``TiledAdjacency`` carries its own cache and is always used as given. An input that
+    is the same unchanged tensor on every call and needs no gradient has its aggregation kept
+    from the second call on (fgplugin.input_cache), and then only ``(A X) W`` is computed. Hooks,
     explain mode, ``decomposed_layers > 1`` and inputs fgplugin cannot serve run the stock code.
     """
 
