@@ -160,3 +160,16 @@ def test_bench_does_not_import_frameworks():
            "print('torch_geometric' in sys.modules, 'dgl' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.stdout.split() == ["False", "False"], out.stderr[-2000:]
+
+
+def test_accuracy_suite_runs_every_impl_on_every_order():
+    pytest.importorskip("torch_geometric")
+    from fgplugin.bench import epoch
+
+    rows = epoch.run_accuracy_suite(["tiny"], impls=("pyg-edge_index", "fgplugin"), orders=("original", "community"),
+                                    seeds=(0, 1), epochs=3, log=lambda *a: None)
+    assert {(r["impl"], r["order"]) for r in rows} == {(i, o) for i in ("pyg-edge_index", "fgplugin")
+                                                       for o in ("original", "community")}
+    for r in rows:
+        assert len(r["values"]) == 2 and all(0.0 <= v <= 1.0 for v in r["values"])
+        assert r["value"] == pytest.approx(sum(r["values"]) / 2)
