@@ -228,8 +228,8 @@ def input_cache_build_s(model, graph, problem: Problem, reps: int = 3) -> float 
     """The one-time cost of the model's kept input aggregations (fgplugin.input_cache), or
     ``None`` where no layer keeps one: a forward pass that builds them (the cache cleared and
     the input seen once) less one that reuses them; the smallest of ``reps`` such differences."""
-    caches = [m.__dict__["_fgplugin_input_cache"] for m in model.modules()
-              if m.__dict__.get("_fgplugin_input_cache") is not None and m._fgplugin_input_cache.holds]
+    caches = [input_cache.of(m) for m in model.modules() if "_fgplugin_input_cache" in m.__dict__]
+    caches = [c for c in caches if c.holds]
     if not caches:
         return None
     sync = _sync(problem.x.device)
