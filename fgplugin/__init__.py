@@ -4,7 +4,8 @@ Importing fgplugin builds (first time) and loads its kernels; see fgplugin/_exte
 """
 import torch as _torch
 
-from . import _extension, input_cache, ops as _ops
+from . import _extension, grad_rows, input_cache, ops as _ops
+from .grad_rows import set_row_skipping
 from .input_cache import set_input_cache
 from .normalization import Normalization, normalization
 from .ops import spmm
@@ -29,4 +30,4 @@ def extension_status() -> "_extension.ExtensionStatus":
 
 
 __all__ = ["TiledAdjacency", "TilePlan", "Normalization", "normalization", "spmm", "extension_status",
-           "set_input_cache"]
+           "set_input_cache", "set_row_skipping"]

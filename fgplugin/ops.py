@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from . import grad_rows
 from ._csr import aux_dtype_for
 from .reference import sddmm_reference, spmm_reference
-from .kernel_plan import kernel_plans
+from .kernel_plan import build_plan, kernel_plans
 from .tiling import TiledAdjacency
 
 SPMM_SCHEMA = ("spmm(Tensor rowptr, Tensor col, Tensor? values, Tensor x, Tensor? row_scale, Tensor? col_scale, "
@@ -96,7 +97,7 @@ class _SpmmFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         plan, t_plan = ctx.plans
-        grads = _input_grads((*ctx.saved_tensors, plan, t_plan), grad, ctx.needs_input_grad[2:7])
+        grads = _input_grads((*ctx.saved_tensors, plan, t_plan), grad, ctx.needs_input_grad[2:7], skip_zero_rows=True)
         return (None, None, *grads, None, None, None, None, None)
 
 
@@ -107,10 +108,11 @@ def _call_spmm(*inputs):
     return _SpmmFunction.apply(*inputs)
 
 
-def _input_grads(inputs, grad, need):
+def _input_grads(inputs, grad, need, skip_zero_rows: bool = False):
     """(grad_values, grad_x, grad_r, grad_c, grad_d) of the op called with ``inputs`` for the
     output gradient ``grad``; ``need`` says which (``None`` for the others). Its products are
-    differentiable (``_call_spmm``), so double backward works."""
+    differentiable (``_call_spmm``), so double backward works. ``skip_zero_rows``: the adjoint
+    product may leave out ``grad``'s zero rows (fgplugin.grad_rows; never in a double backward)."""
     rowptr, col, values, x, r, c, d, t_rowptr, t_col, t_values, plan, t_plan = inputs
     need_values, need_x, need_r, need_c, need_d = need
     aux = aux_dtype_for(x.dtype)
@@ -119,12 +121,21 @@ def _input_grads(inputs, grad, need):
         if t_rowptr is None:
             raise RuntimeError("fgplugin.spmm: the backward pass needs the transpose plan; call fgplugin.spmm(adj, x) "
                                "instead of torch.ops.fgplugin.spmm so that it is passed")
+        restricted = (grad_rows.restricted_transpose(t_rowptr, t_col, t_values, grad, t_plan, _remainder_plan)
+                      if skip_zero_rows else None)
+
+        def adjoint(out_scale):
+            if restricted is None:
+                return _call_spmm(t_rowptr, t_col, t_values, grad, out_scale, r, d, rowptr, col, values, t_plan, plan)
+            return torch.ops.fgplugin.spmm.default(*restricted[:3], grad, out_scale, r, d, None, None, None,
+                                                   restricted[3], [])
+
         if need_c:
-            z = _call_spmm(t_rowptr, t_col, t_values, grad, None, r, d, rowptr, col, values, t_plan, plan)
+            z = adjoint(None)
             grad_c = (z.to(aux) * x.to(aux)).sum(dim=1)
             grad_x = z * c.to(z.dtype).unsqueeze(1) if need_x else None
         else:
-            grad_x = _call_spmm(t_rowptr, t_col, t_values, grad, c, r, d, rowptr, col, values, t_plan, plan)
+            grad_x = adjoint(c)
     if need_values:
         g_scaled = grad.to(aux) if r is None else grad.to(aux) * r.unsqueeze(1)
         x_scaled = x.to(aux) if c is None else x.to(aux) * c.unsqueeze(1)
@@ -140,6 +151,12 @@ def _input_grads(inputs, grad, need):
         if c is not None:
             grad_d = grad_d * c[:n]
     return grad_values, grad_x, grad_r, grad_c, grad_d
+
+
+def _remainder_plan(rowptr, col, shape, weighted):
+    """Kernel plan of a restricted A^T (fgplugin.grad_rows): all of it in the remainder pass,
+    since leaving out most columns leaves few tiles dense."""
+    return build_plan(rowptr, col, shape, threshold=1.0, weighted=weighted)
 
 
 def _as_aux(t, name, length, aux, device):

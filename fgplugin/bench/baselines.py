@@ -5,9 +5,10 @@ Every implementation computes ``conv2(dropout(relu(conv1(x))))`` with
 
 - ``fgplugin``: :class:`fgplugin.pyg.GCNConv` (what ``fgplugin.pyg.convert`` gives) on a
   :class:`fgplugin.TiledAdjacency`; like stock PyG it multiplies by W before aggregating;
-- ``fgplugin-nocache``: ``fgplugin`` with fgplugin.input_cache switched off, so that the first
-  layer aggregates its (constant) input every step as the baselines do: the kernels' share of
-  the ``fgplugin`` row's gain;
+- ``fgplugin-kernels``: ``fgplugin`` with its two training-loop shortcuts switched off, so that
+  it runs every product the baselines run: the first layer aggregates its (constant) input
+  every step (fgplugin.input_cache) and the last layer's backward product reads every row of
+  its gradient (fgplugin.grad_rows). The kernels' share of the ``fgplugin`` row's gain;
 - ``fgplugin-dgl``: :class:`fgplugin.dgl.GraphConv` (what ``fgplugin.dgl.convert`` gives) on the
   same DGL graph as ``dgl``: DGL's order of operations, fgplugin's SpMM;
 - ``dgl``: stock ``dgl.nn.GraphConv(norm='both')`` on a DGL graph with self loops;
@@ -36,9 +37,9 @@ from torch import nn
 IMPLS = ("fgplugin", "dgl", "dgl-path", "cusparse-cached", "pyg-edge_index", "pyg-adj_t")
 # fgplugin variants (BENCHMARKS.md: fgplugin plus a suffix): fgplugin.dgl.GraphConv on the DGL graph, which keeps
 # DGL's order of operations (aggregate first when in_feats <= out_feats), so it pairs with `dgl`; and fgplugin
-# without the input cache (run_one switches it off).
-VARIANTS = ("fgplugin-dgl", "fgplugin-nocache")
-FGPLUGIN_PYG = ("fgplugin", "fgplugin-nocache")  # the same model
+# without the input cache and zero-row skipping (run_one switches them off).
+VARIANTS = ("fgplugin-dgl", "fgplugin-kernels")
+FGPLUGIN_PYG = ("fgplugin", "fgplugin-kernels")  # the same model
 
 
 class ImplUnavailable(RuntimeError):

@@ -34,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--graphs", help="comma list: synthetic presets (tiny, small, reddit-like, ...) or ../shared/data "
                                      "names/paths (default depends on the suite and device)")
     ap.add_argument("--impls", help="comma list of fgplugin, dgl, dgl-path, cusparse-cached, pyg-edge_index, "
-                                    "pyg-adj_t, fgplugin-nocache, fgplugin-dgl (default: all that can run here, "
+                                    "pyg-adj_t, fgplugin-kernels, fgplugin-dgl (default: all that can run here, "
                                     "fgplugin-dgl where DGL runs; "
                                     "accuracy: pyg-edge_index,fgplugin)")
     ap.add_argument("--orders", default=None,

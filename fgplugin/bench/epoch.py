@@ -15,7 +15,9 @@ Per (graph, order, impl) it records:
 - ``op="train200"``: preprocessing + 200 x the median epoch (an estimate, ``estimated: true``),
   plus, where a layer keeps its constant input's aggregation (fgplugin.input_cache), the one-time
   cost of building it (``input_cache_ms`` on the preprocess row: the step that builds it, less a
-  step that reuses it).
+  step that reuses it), and where the last layer's backward product skips the zero rows of its
+  gradient (fgplugin.grad_rows), the time spent building that product's restricted structure in
+  the warm-up steps (``grad_rows_ms``).
 
 A row that cannot run keeps its place with ``ms_median: None`` and ``error``.
 """
@@ -30,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fgplugin import input_cache
+from fgplugin import grad_rows, input_cache
 from fgplugin.kernel_plan import prepare_plans
 
 from . import baselines
@@ -44,13 +46,13 @@ SYNTHETIC_FEATURES = 128  # width of the seeded random features of graphs stored
 
 
 def default_impls(device) -> tuple:
-    """Every baseline (rows that cannot run say why), ``fgplugin-nocache``, and ``fgplugin-dgl``
+    """Every baseline (rows that cannot run say why), ``fgplugin-kernels``, and ``fgplugin-dgl``
     where DGL runs."""
     try:
         baselines.require_dgl(torch.device(device))
     except ImplUnavailable:
-        return IMPLS + ("fgplugin-nocache",)
-    return IMPLS + ("fgplugin-nocache", "fgplugin-dgl")
+        return IMPLS + ("fgplugin-kernels",)
+    return IMPLS + ("fgplugin-kernels", "fgplugin-dgl")
 
 
 @dataclass
@@ -192,7 +194,9 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
     common = {"graph": problem.name, "order": problem.order, "impl": impl, "F": problem.num_features,
               "hidden": hidden, "precision": "fp32", "nodes": problem.num_nodes, "nnz": problem.edge_index.shape[1]}
     model = graph = error = None
-    cache_was = input_cache.set_input_cache(impl != "fgplugin-nocache")
+    shortcuts = impl != "fgplugin-kernels"
+    cache_was, skip_was = input_cache.set_input_cache(shortcuts), grad_rows.set_row_skipping(shortcuts)
+    built_before = grad_rows.total_build_s()
     try:
         weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, device)
         adj = problem.adj if impl in FGPLUGIN_PYG else None
@@ -203,18 +207,22 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
             common["threshold"] = prepare_plans(graph)  # cached: the probe's choice (None off CUDA)
         torch.manual_seed(seed)
         times, peak = time_steps(model, graph, problem, epochs, warmup)
+        rows_s = grad_rows.total_build_s() - built_before  # built in the warm-up steps
         cache_s = input_cache_build_s(model, graph, problem)
     except Exception as err:  # noqa: BLE001 - a failed row keeps its place
         error = _error_text(err)  # leaving the block drops the traceback and the tensors it holds
     finally:
         input_cache.set_input_cache(cache_was)
+        grad_rows.set_row_skipping(skip_was)
     del model, graph
     _free(device)
     if error is not None:
         return [{**common, "op": op, "ms_median": None, "error": error} for op in ("epoch", "preprocess", "train200")]
     median = statistics.median(times)
-    pre_ms = 1e3 * (problem.reorder_s + setup_s + (cache_s or 0.0))
+    pre_ms = 1e3 * (problem.reorder_s + setup_s + (cache_s or 0.0) + rows_s)
     cache = {} if cache_s is None else {"input_cache_ms": 1e3 * cache_s}
+    if rows_s:
+        cache["grad_rows_ms"] = 1e3 * rows_s
     return [
         {**common, "op": "epoch", "ms_median": median, "ms_min": min(times), "ms_max": max(times), "reps": len(times),
          "warmup": warmup, "peak_mem_bytes": peak},

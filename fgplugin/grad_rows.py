@@ -1,0 +1,160 @@
+"""The backward product skips the zero rows of its output gradient.
+
+In full-batch node classification the loss reads only the training nodes,
+``loss(out[train_mask], y[train_mask])``, so the gradient that reaches the last layer's
+aggregation ``out = A h`` is zero on every other row. Its backward product
+``grad_h = A^T G`` then needs only the columns of ``A^T`` that belong to non-zero rows of ``G``:
+on ogbn-products 8% of the nodes train, in the synthetic suite 10%. This module finds those rows
+and keeps, per graph structure, ``A^T`` restricted to them (with its kernel plan), so that the
+backward product reads only the non-zeros that can contribute. The terms it leaves out are
+products with exact zeros, so the result is the same up to float rounding.
+
+When the autograd backward of :func:`fgplugin.spmm` uses it (all must hold, else it runs the full
+product):
+
+- eager mode, and no double backward (``create_graph=True`` needs the product's gradient with
+  respect to every row of ``G``, zero or not);
+- at most ``MAX_LIVE_FRACTION`` of ``G``'s rows are non-zero, first on a sample of
+  ``SAMPLE_ROWS`` rows (so a dense gradient costs two tiny kernels and one host sync), then on
+  all of them;
+- the structure has not seen ``MAX_MISSES`` new sets of non-zero rows in a row.
+
+The restricted structure is built when a set of rows is seen for the first time (one pass over
+``A^T``'s non-zeros, about the cost of one full product) and reused while the next gradients
+have the same non-zero rows; its memory is that of ``A^T``'s CSR times the live fraction. It is
+kept for as long as the structure's transpose lives. Switch it off with
+``FGPLUGIN_SKIP_ZERO_ROWS=0`` or :func:`set_row_skipping`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+MAX_LIVE_FRACTION = 0.3
+SAMPLE_ROWS = 1024
+MAX_MISSES = 3
+_enabled = os.environ.get("FGPLUGIN_SKIP_ZERO_ROWS", "1") != "0"
+# t_col of a transposed CSR -> its _Restriction; entries go with the structure they restrict.
+_restrictions: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_total_build_s = 0.0
+
+
+def set_row_skipping(enabled: bool) -> bool:
+    """Turns the skipping of zero output-gradient rows on or off; returns the previous setting."""
+    global _enabled
+    previous, _enabled = _enabled, bool(enabled)
+    return previous
+
+
+def row_skipping_enabled() -> bool:
+    return _enabled
+
+
+@dataclass
+class _Restriction:
+    """``A^T`` restricted to the columns ``live`` (the non-zero rows of the last gradients)."""
+
+    live: torch.Tensor | None = None
+    rowptr: torch.Tensor | None = None
+    col: torch.Tensor | None = None
+    keep: torch.Tensor | None = None  # positions in the full CSR of the kept non-zeros
+    plans: dict = field(default_factory=dict)  # weighted -> kernel plan
+    misses: int = 0
+    builds: int = 0
+    hits: int = 0
+    build_s: float = 0.0  # time spent building restrictions and their plans
+
+
+def stats(t_col: torch.Tensor) -> dict:
+    """How the structure with transposed column array ``t_col`` fared: builds, hits, misses
+    (for tests and benchmarks)."""
+    entry = _restrictions.get(t_col)
+    if entry is None:
+        return {"builds": 0, "hits": 0, "misses": 0, "live_rows": None, "build_s": 0.0}
+    live_rows = None if entry.live is None else int(entry.live.sum())
+    return {"builds": entry.builds, "hits": entry.hits, "misses": entry.misses, "live_rows": live_rows,
+            "build_s": entry.build_s}
+
+
+def total_build_s() -> float:
+    """Seconds spent building restrictions and their plans since import, over all structures
+    (a one-time cost per structure that benchmarks count as preprocessing: take differences)."""
+    return _total_build_s
+
+
+def restricted_transpose(t_rowptr, t_col, t_values, grad: torch.Tensor, full_plan: list, plan_builder):
+    """``(rowptr, col, values, plan)`` of ``A^T`` restricted to the non-zero rows of ``grad``,
+    or ``None`` when the full product should run (see the module doc). ``full_plan`` is the
+    kernel plan of the full ``A^T`` (empty: plain kernels, so the restriction gets none either);
+    ``plan_builder(rowptr, col, shape, weighted)`` makes one for the restriction."""
+    if not _enabled or torch.is_grad_enabled() or torch.compiler.is_compiling() or grad.dim() != 2:
+        return None
+    n = grad.shape[0]
+    if n == 0 or grad.shape[1] == 0:
+        return None
+    entry = _restrictions.get(t_col)
+    if entry is None:
+        entry = _restrictions[t_col] = _Restriction()
+    if entry.misses >= MAX_MISSES:
+        return None
+    step = max(n // SAMPLE_ROWS, 1)
+    if float(_nonzero_rows(grad[::step]).float().mean()) > MAX_LIVE_FRACTION:  # one host sync
+        return None
+    live = _nonzero_rows(grad)
+    if entry.live is not None and torch.equal(live, entry.live):
+        entry.hits += 1
+        entry.misses = 0
+    elif int(live.sum()) > MAX_LIVE_FRACTION * n:
+        return None
+    else:
+        with _timed(entry, grad.device):
+            _rebuild(entry, t_rowptr, t_col, live)
+    weighted = t_values is not None
+    plan = entry.plans.get(weighted)
+    if plan is None:
+        with _timed(entry, grad.device):
+            shape = (t_rowptr.numel() - 1, n)
+            plan = plan_builder(entry.rowptr, entry.col, shape, weighted) if full_plan else []
+            entry.plans[weighted] = plan
+    values = None if t_values is None else t_values.index_select(0, entry.keep)
+    return entry.rowptr, entry.col, values, plan
+
+
+@contextmanager
+def _timed(entry: _Restriction, device: torch.device):
+    global _total_build_s
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda _device: None)
+    sync(device)
+    start = time.perf_counter()
+    yield
+    sync(device)
+    seconds = time.perf_counter() - start
+    entry.build_s += seconds
+    _total_build_s += seconds
+
+
+def _nonzero_rows(grad: torch.Tensor) -> torch.Tensor:
+    """Rows of ``grad`` with any entry that is not zero (NaN counts as non-zero). ``any`` is one
+    pass on CUDA but about 10x slower than ``abs().amax()`` on CPU (torch 2.13, 2 cores)."""
+    if grad.device.type == "cuda":
+        return grad.any(dim=1)
+    return grad.abs().amax(dim=1) != 0  # NaN != 0
+
+
+@torch.no_grad()
+def _rebuild(entry: _Restriction, t_rowptr, t_col, live) -> None:
+    kept = live.index_select(0, t_col)
+    ends = torch.cumsum(kept, 0, dtype=t_rowptr.dtype)  # kept non-zeros up to each position
+    starts = torch.cat([ends.new_zeros(1), ends])
+    entry.misses = entry.misses + 1 if entry.live is not None else 0
+    entry.live = live
+    entry.rowptr = starts.index_select(0, t_rowptr)
+    entry.keep = kept.nonzero().squeeze(1).to(t_col.dtype)
+    entry.col = t_col.index_select(0, entry.keep)
+    entry.plans = {}
+    entry.builds += 1

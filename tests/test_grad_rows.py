@@ -1,0 +1,160 @@
+"""fgplugin.grad_rows: the backward product leaves out the zero rows of its output gradient, with
+the answer of the full product (float64 dense reference), and falls back to the full product
+wherever skipping would be wrong or slow."""
+import gc
+
+import pytest
+import torch
+
+import fgplugin
+from fgplugin import grad_rows
+from fgplugin.testing import clustered_case, dense_spmm, random_graph_case, rel_error
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+TOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def skipping_on():
+    previous = grad_rows.set_row_skipping(True)
+    yield
+    grad_rows.set_row_skipping(previous)
+
+
+def case_and_adj(device, weighted=False, seed=0):
+    case = clustered_case(seed, weighted=weighted) if weighted else random_graph_case(seed, avg_degree=12.0)
+    return case, case.adjacency().to(device)
+
+
+def row_sparse(n, features, live_fraction, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    grad = torch.randn(n, features, generator=g, dtype=torch.float64)
+    live = torch.rand(n, generator=g) < live_fraction
+    grad[~live] = 0
+    return grad.float().to(device), live
+
+
+def x_grad(adj, grad, norm=True, create_graph=False):
+    x = torch.randn(adj.shape[1], grad.shape[1], device=grad.device, requires_grad=True)
+    scales = adj.norm("gcn") if norm else ()
+    out = fgplugin.spmm(adj, x, *scales)
+    return torch.autograd.grad(out, x, grad, create_graph=create_graph)[0], scales
+
+
+def reference(case, adj, grad, scales):
+    """float64 grad_x = diag(c) (A^T + diag(d)) diag(r) G."""
+    r, c, d = scales if scales else (None, None, None)
+    return dense_spmm(case.dense().T, grad.double(), c, r, d)
+
+
+def transposed_col(adj):
+    return adj.transpose()[1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("features", [5, 16, 47])
+def test_row_sparse_gradient_matches_reference_and_is_reused(device, weighted, features):
+    case, adj = case_and_adj(device, weighted)
+    grad, live = row_sparse(adj.shape[0], features, 0.1, seed=features, device=device)
+    first, scales = x_grad(adj, grad)
+    second, _ = x_grad(adj, grad)
+    ref = reference(case, adj, grad, scales)
+    assert rel_error(first, ref) <= TOL and rel_error(second, ref) <= TOL
+    stats = grad_rows.stats(transposed_col(adj))
+    assert stats["builds"] == 1 and stats["hits"] == 1
+    assert stats["live_rows"] == int(live.sum())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_as_full_product(device):
+    case, adj = case_and_adj(device)
+    grad, _ = row_sparse(adj.shape[0], 16, 0.1, seed=1, device=device)
+    skipped, _ = x_grad(adj, grad)
+    grad_rows.set_row_skipping(False)
+    full, _ = x_grad(adj, grad)
+    assert rel_error(skipped, full) <= TOL
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_new_rows_rebuild_then_give_up(device):
+    case, adj = case_and_adj(device)
+    n = adj.shape[0]
+    for call in range(grad_rows.MAX_MISSES + 2):
+        grad, _ = row_sparse(n, 8, 0.1, seed=100 + call, device=device)  # other rows every call
+        out, scales = x_grad(adj, grad, norm=False)
+        assert rel_error(out, reference(case, adj, grad, scales)) <= TOL
+    stats = grad_rows.stats(transposed_col(adj))
+    assert stats["builds"] == grad_rows.MAX_MISSES + 1  # the first set, then MAX_MISSES new ones
+    assert stats["misses"] == grad_rows.MAX_MISSES
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_edge_weights_changed_after_the_build_are_used(device):
+    case, adj = case_and_adj(device, weighted=True)
+    grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=2, device=device)
+    x_grad(adj, grad, norm=False)
+    new_weights = torch.rand(case.edge_index.shape[1], generator=torch.Generator().manual_seed(3)) + 0.5
+    reweighted = adj.with_values(new_weights.to(device))
+    out, _ = x_grad(reweighted, grad, norm=False)
+    ref_case = type(case)(case.name, case.edge_index, case.num_nodes, case.size, new_weights)
+    assert rel_error(out, reference(ref_case, reweighted, grad, None)) <= TOL
+    assert grad_rows.stats(transposed_col(adj))["hits"] == 1  # the same rows: the structure was reused
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("live_fraction", [0.9, 1.0])
+def test_dense_gradient_runs_the_full_product(device, live_fraction):
+    case, adj = case_and_adj(device)
+    grad, _ = row_sparse(adj.shape[0], 8, live_fraction, seed=4, device=device)
+    out, scales = x_grad(adj, grad)
+    assert rel_error(out, reference(case, adj, grad, scales)) <= TOL
+    assert grad_rows.stats(transposed_col(adj))["builds"] == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_switched_off_runs_the_full_product(device):
+    _, adj = case_and_adj(device)
+    grad_rows.set_row_skipping(False)
+    grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=5, device=device)
+    x_grad(adj, grad)
+    assert grad_rows.stats(transposed_col(adj))["builds"] == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_sees_every_row(device):
+    """With create_graph=True the gradient of grad_x with respect to G's zero rows is needed too."""
+    case, adj = case_and_adj(device)
+    grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=6, device=device)
+    grad.requires_grad_(True)
+    gx, _ = x_grad(adj, grad, norm=False, create_graph=True)
+    weights = torch.randn_like(gx)
+    (gg,) = torch.autograd.grad(gx, grad, weights)
+    ref = dense_spmm(case.dense(), weights.double())  # d<A^T G, W>/dG = A W on every row
+    assert rel_error(gg, ref) <= TOL
+    assert grad_rows.stats(transposed_col(adj))["builds"] == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_rows_count_as_non_zero(device):
+    """A NaN reaches the neighbours of its row as in the full sparse product (a dense reference
+    would spread it everywhere: 0 * NaN)."""
+    _, adj = case_and_adj(device)
+    grad, live = row_sparse(adj.shape[0], 8, 0.1, seed=7, device=device)
+    dead = int((~live).nonzero()[0])
+    grad[dead, 3] = float("nan")
+    skipped, _ = x_grad(adj, grad, norm=False)
+    grad_rows.set_row_skipping(False)
+    full, _ = x_grad(adj, grad, norm=False)
+    assert skipped.isnan().any()
+    assert torch.equal(skipped.isnan(), full.isnan())
+
+
+def test_structure_freed_frees_its_restriction():
+    _, adj = case_and_adj("cpu")
+    grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=8, device="cpu")
+    x_grad(adj, grad)
+    before = len(grad_rows._restrictions)
+    del adj
+    gc.collect()
+    assert len(grad_rows._restrictions) == before - 1
