@@ -139,10 +139,13 @@ def _timed(entry: _Restriction, device: torch.device):
 
 
 def _nonzero_rows(grad: torch.Tensor) -> torch.Tensor:
-    """Rows of ``grad`` with any entry that is not zero (NaN counts as non-zero). ``any`` is one
-    pass on CUDA but about 10x slower than ``abs().amax()`` on CPU (torch 2.13, 2 cores)."""
-    if grad.device.type == "cuda":
-        return grad.any(dim=1)
+    """Rows of ``grad`` with any entry that is not zero (NaN counts as non-zero).
+
+    On CUDA the extension's ``nonzero_rows`` kernel: torch's ``any(dim=1)`` read a [2.45M, 48]
+    fp32 gradient at 0.7 TB/s on the H100 (0.7 ms). On the CPU ``abs().amax() != 0``: ``any`` was
+    about 10x slower there (torch 2.13, 2 cores)."""
+    if grad.device.type == "cuda" and hasattr(torch.ops.fgplugin, "nonzero_rows"):
+        return torch.ops.fgplugin.nonzero_rows.default(grad)
     return grad.abs().amax(dim=1) != 0  # NaN != 0
 
 

@@ -158,3 +158,26 @@ def test_structure_freed_frees_its_restriction():
     del adj
     gc.collect()
     assert len(grad_rows._restrictions) == before - 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the nonzero_rows kernel is CUDA-only; no GPU here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("features", [1, 3, 8, 47, 48, 128])
+def test_nonzero_rows_kernel(dtype, features):
+    g = torch.Generator().manual_seed(features)
+    x = torch.randn(3000, features, generator=g).to(dtype)
+    x[torch.rand(3000, generator=g) < 0.8] = 0
+    x[10] = -0.0  # a row of negative zeros is a zero row
+    x[11, -1] = float("nan")
+    x[12, 0] = float("-inf")
+    x[13, -1] = torch.finfo(dtype).tiny  # the smallest normal number is not zero
+    x = x.cuda()
+    want = x.cpu().double().abs().amax(dim=1) != 0
+    got = torch.ops.fgplugin.nonzero_rows.default(x)
+    assert got.dtype == torch.bool and torch.equal(got.cpu(), want)
+    assert not got[10] and got[11] and got[12] and got[13]
+    strided = torch.ops.fgplugin.nonzero_rows.default(x[::2])  # a non-contiguous input
+    assert torch.equal(strided.cpu(), want[::2])
+    offset = torch.ops.fgplugin.nonzero_rows.default(x.view(-1)[1:1 + 2999 * features].view(2999, features))
+    assert torch.equal(offset.cpu(), x.view(-1)[1:1 + 2999 * features].view(2999, features).cpu().double().abs()
+                       .amax(dim=1) != 0)  # misaligned rows take the element-wise kernel

@@ -46,6 +46,19 @@ at::Tensor sddmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const at:
   return out;
 }
 
+// Which rows of x hold an entry that is not zero (NaN counts): bool [n_rows] (fgplugin/grad_rows.py).
+at::Tensor nonzero_rows_cuda(const at::Tensor& x_in) {
+  TORCH_CHECK(x_in.dim() == 2 && at::isFloatingType(x_in.scalar_type()),
+              "fgplugin.nonzero_rows: x must be a 2-D floating-point tensor, got ", x_in.scalar_type(), " of shape ",
+              dims(x_in.sizes()));
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty({x.size(0)}, x.options().dtype(at::kBool));
+  if (x.size(1) == 0) return out.fill_(false);
+  C10_CUDA_CHECK(launch_nonzero_rows(x, out));
+  return out;
+}
+
 // 90 when unit-weight dense tiles on CUDA device `device` run on the wgmma kernel, 80 when on the
 // mma.sync one (tests and benchmark records ask; see dense_sm90_usable).
 int64_t dense_tile_arch(int64_t device) {
@@ -56,12 +69,15 @@ int64_t dense_tile_arch(int64_t device) {
 }  // namespace
 }  // namespace fgplugin
 
-// CUDA builds only (a CPU build has no such op): an op without tensor arguments, so no dispatch key.
+// CUDA builds only (a CPU build has no such ops): dense_tile_arch has no tensor arguments, so no
+// dispatch key; nonzero_rows runs on CUDA only (on the CPU, torch's own reduction is fast enough).
 TORCH_LIBRARY_FRAGMENT(fgplugin, m) {
   m.def("dense_tile_arch(int device) -> int", &fgplugin::dense_tile_arch);
+  m.def("nonzero_rows(Tensor x) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fgplugin, CUDA, m) {
   m.impl("spmm", &fgplugin::spmm_cuda);
   m.impl("sddmm", &fgplugin::sddmm_cuda);
+  m.impl("nonzero_rows", &fgplugin::nonzero_rows_cuda);
 }
