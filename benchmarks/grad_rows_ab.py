@@ -88,14 +88,18 @@ def main() -> int:
             used = grad_rows.stats(t_col)["hits"] > 0
             inputs, _, _ = _op_inputs(adj, x.detach(), *scales, with_transpose=True, name="ab")
             r, c, d = inputs[4], inputs[5], inputs[6]
+            restricted_ms = restricted_nnz = None
             with torch.no_grad():
-                rp, cl, vals, plan = grad_rows.restricted_transpose(*adj.transpose()[:2], None, grad, inputs[11],
-                                                                    lambda *a: None)
-                restricted_ms = median_ms(lambda: torch.ops.fgplugin.spmm.default(
-                    rp, cl, vals, grad, c, r, d, None, None, None, plan, []))
+                restricted = grad_rows.restricted_transpose(*adj.transpose()[:2], None, grad, inputs[11],
+                                                            lambda *a: None)
+                if restricted is not None:  # None: too many live rows (MAX_LIVE_FRACTION)
+                    rp, cl, vals, plan = restricted
+                    restricted_nnz = int(cl.numel())
+                    restricted_ms = median_ms(lambda: torch.ops.fgplugin.spmm.default(
+                        rp, cl, vals, grad, c, r, d, None, None, None, plan, []))
             rows.append({
                 "graph": name, "order": "community", "nodes": n, "nnz": adj.nnz, "F": F, "threshold": threshold,
-                "live_fraction": live_fraction, "live_rows": stats["live_rows"], "restricted_nnz": int(cl.numel()),
+                "live_fraction": live_fraction, "live_rows": stats["live_rows"], "restricted_nnz": restricted_nnz,
                 "used": used, "full_ms": full_ms, "skip_ms": skip_ms, "speedup": full_ms / skip_ms,
                 "restricted_ms": restricted_ms,
                 "nonzero_rows_ms": median_ms(lambda: torch.ops.fgplugin.nonzero_rows.default(grad)),

@@ -17,7 +17,7 @@ from torch import Tensor
 
 import fgplugin
 from fgplugin import TiledAdjacency, input_cache
-from fgplugin.ops import aggregate_padded_product, padded_width
+from fgplugin.ops import aggregate_padded_product, padded_width, transform_with_bias
 
 from ._import_shim import import_dgl
 
@@ -119,15 +119,15 @@ class GraphConv(dgl_conv.GraphConv):
         kept = None if weight is None else _kept(self, graph, feat_src, edge_weight, found,
                                                  lambda: _spmm(adj, feat_src, row_scale, col_scale), self._norm)
         if kept is not None:  # a constant input's A X, kept: (A X) W = A (X W)
-            rst = torch.matmul(kept, weight)
+            rst = transform_with_bias(kept, weight, self.bias)
         elif self._in_feats > self._out_feats:  # multiply by W first: aggregate fewer columns
             rst = _aggregate_transformed(adj, feat_src, weight, row_scale, col_scale)
+            rst = rst if self.bias is None else rst + self.bias
+        elif weight is not None:
+            rst = transform_with_bias(_spmm(adj, feat_src, row_scale, col_scale), weight, self.bias)
         else:
             rst = _spmm(adj, feat_src, row_scale, col_scale)
-            if weight is not None:
-                rst = torch.matmul(rst, weight)
-        if self.bias is not None:
-            rst = rst + self.bias
+            rst = rst if self.bias is None else rst + self.bias
         if self._activation is not None:
             rst = self._activation(rst)
         return rst.contiguous()  # a no-op but after _aggregate_transformed's cut with nothing after it

@@ -9,7 +9,7 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.typing import Adj, OptTensor, SparseTensor
 
 from fgplugin import TiledAdjacency
-from fgplugin.ops import aggregate_padded_product, padded_width
+from fgplugin.ops import aggregate_padded_product, padded_width, transform_with_bias
 
 from ._deferred import DeferredPlan
 from ._layer import FgpluginLayer, aggregate, make_plan
@@ -45,14 +45,26 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         # narrower side this also skips the backward SpMM if x needs no gradient.
         kept = self._kept_aggregation(plan, x)
         if kept is not None:
-            out = self.lin(kept)
-        elif x.layout == torch.strided and x.size(-1) < self.out_channels:
-            out = self.lin(aggregate(plan, x, self.node_dim))
-        else:
-            out = self._aggregate_transformed(plan, x)
+            return self._transform_with_bias(kept)
+        if x.layout == torch.strided and x.size(-1) < self.out_channels:
+            return self._transform_with_bias(aggregate(plan, x, self.node_dim))
+        out = self._aggregate_transformed(plan, x)
         if self.bias is not None:
             out = out + self.bias
         return out
+
+    def _transform_with_bias(self, h: Tensor) -> Tensor:
+        """``lin(h) + bias``, fused where the linear map is plain (fgplugin.ops.transform_with_bias)."""
+        if self._plain_lin():
+            return transform_with_bias(h, self.lin.weight.t(), self.bias)
+        out = self.lin(h)
+        return out if self.bias is None else out + self.bias
+
+    def _plain_lin(self) -> bool:
+        """Whether ``self.lin`` is a plain bias-free ``Linear``, whose product the layer may compute itself."""
+        lin = self.lin
+        return (type(lin) is Linear and lin.bias is None and not isinstance(lin.weight, UninitializedParameter)
+                and not lin._forward_hooks and not lin._forward_pre_hooks)
 
     def _aggregate_transformed(self, plan, x: Tensor) -> Tensor:
         """``A (X W)``. Where the kernel wants wider rows than ``out_channels`` (C = 47 on
@@ -61,12 +73,9 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         H100: those copies were 1.8 ms of a 32 ms training step, step_profile.json). The extra columns are cut as a
         view, which the bias add then reads once (without a bias: one copy)."""
         width = padded_width(self.out_channels, x.dtype, x.device)
-        lin = self.lin
-        plain = (type(lin) is Linear and lin.bias is None and not isinstance(lin.weight, UninitializedParameter)
-                 and not lin._forward_hooks and not lin._forward_pre_hooks)
-        if width == self.out_channels or x.layout != torch.strided or not plain:
-            return aggregate(plan, lin(x), self.node_dim)
-        out = aggregate_padded_product(lambda h: aggregate(plan, h, self.node_dim), x, lin.weight.t(), width)
+        if width == self.out_channels or x.layout != torch.strided or not self._plain_lin():
+            return aggregate(plan, self.lin(x), self.node_dim)
+        out = aggregate_padded_product(lambda h: aggregate(plan, h, self.node_dim), x, self.lin.weight.t(), width)
         return out if self.bias is not None else out.contiguous()
 
     def _plan(self, n: int, edge_index, edge_weight) -> Plan | DeferredPlan | None:
