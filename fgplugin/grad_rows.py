@@ -16,7 +16,8 @@ product):
   respect to every row of ``G``, zero or not);
 - at most ``MAX_LIVE_FRACTION`` of ``G``'s rows are non-zero, first on a sample of
   ``SAMPLE_ROWS`` rows (so a dense gradient costs two tiny kernels and one host sync), then on
-  all of them;
+  all of them; a gradient as wide as the last one that used the structure's kept rows skips
+  the sample and is compared with those rows at once (one host sync in all);
 - the structure has not seen ``MAX_MISSES`` new sets of non-zero rows in a row.
 
 The restricted structure is built when a set of rows is seen for the first time (one pass over
@@ -68,6 +69,7 @@ class _Restriction:
     builds: int = 0
     hits: int = 0
     build_s: float = 0.0  # time spent building restrictions and their plans
+    width: int = -1  # columns of the gradient that last used the restriction
 
 
 def stats(t_col: torch.Tensor) -> dict:
@@ -102,9 +104,12 @@ def restricted_transpose(t_rowptr, t_col, t_values, grad: torch.Tensor, full_pla
         entry = _restrictions[t_col] = _Restriction()
     if entry.misses >= MAX_MISSES:
         return None
-    step = max(n // SAMPLE_ROWS, 1)
-    if float(_nonzero_rows(grad[::step]).float().mean()) > MAX_LIVE_FRACTION:  # one host sync
-        return None
+    # The sample costs a host sync; a gradient as wide as the one that used the kept rows last
+    # is taken to come from the same layer, and goes straight to the comparison.
+    if entry.live is None or grad.shape[1] != entry.width:
+        step = max(n // SAMPLE_ROWS, 1)
+        if float(_nonzero_rows(grad[::step]).float().mean()) > MAX_LIVE_FRACTION:  # one host sync
+            return None
     live = _nonzero_rows(grad)
     if entry.live is not None and torch.equal(live, entry.live):
         entry.hits += 1
@@ -114,6 +119,7 @@ def restricted_transpose(t_rowptr, t_col, t_values, grad: torch.Tensor, full_pla
     else:
         with _timed(entry, grad.device):
             _rebuild(entry, t_rowptr, t_col, live)
+    entry.width = grad.shape[1]
     weighted = t_values is not None
     plan = entry.plans.get(weighted)
     if plan is None:

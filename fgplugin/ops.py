@@ -277,15 +277,40 @@ def _vector_pad(x: torch.Tensor, dtype: torch.dtype | None = None) -> int:
     return padded_width(x.shape[1], x.dtype if dtype is None else dtype, x.device) - x.shape[1]
 
 
-def aggregate_padded_product(aggregate, x: torch.Tensor, weight: torch.Tensor, width: int) -> torch.Tensor:
-    """``aggregate(x @ weight)`` for ``weight`` ``[in, out]``, with ``weight`` padded by zero
-    columns to ``width`` (:func:`padded_width`, possibly of several dtypes) so that the product
-    comes out as wide as the SpMM wants it; the result is cut back to ``out`` columns as a view,
-    which whatever follows (a bias add) reads once."""
+def aggregate_padded_product(aggregate, x: torch.Tensor, weight: torch.Tensor, width: int,
+                             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``aggregate(x @ weight) + bias`` for ``weight`` ``[in, out]``, with ``weight`` padded by
+    zero columns to ``width`` (:func:`padded_width`, possibly of several dtypes) so that the
+    product comes out as wide as the SpMM wants it; the result is cut back to ``out`` columns by
+    the bias add (:class:`_CutColumns`)."""
     out = weight.shape[-1]
     if width == out:
-        return aggregate(x @ weight)
-    return aggregate(x @ torch.nn.functional.pad(weight, (0, width - out)))[..., :out]
+        y = aggregate(x @ weight)
+        return y if bias is None else y + bias
+    return _CutColumns.apply(aggregate(x @ torch.nn.functional.pad(weight, (0, width - out))), out, bias)
+
+
+class _CutColumns(torch.autograd.Function):
+    """``z[..., :out] + bias`` (``bias`` may be ``None``), contiguous, with a backward pass that
+    writes the padded gradient once (``cat`` with a zero column) where autograd's slice backward
+    fills a zero tensor and copies into it (products-like on an H100: a [2.45M, 48] write, about
+    0.16 ms of a 14 ms training step)."""
+
+    @staticmethod
+    def forward(ctx, z, out, bias):
+        ctx.pad = z.shape[-1] - out
+        ctx.has_bias = bias is not None
+        cut = z[..., :out]
+        return cut + bias if bias is not None else cut.contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        pad = grad.new_zeros(*grad.shape[:-1], ctx.pad)
+        grad_z = torch.cat([grad, pad], dim=-1)
+        grad_bias = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.reshape(-1, grad.shape[-1]).sum(dim=0)
+        return grad_z, None, grad_bias
 
 
 def transform_with_bias(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -184,3 +184,15 @@ def test_nonzero_rows_kernel(dtype, features):
     offset = torch.ops.fgplugin.nonzero_rows.default(x.view(-1)[1:1 + 2999 * features].view(2999, features))
     assert torch.equal(offset.cpu(), x.view(-1)[1:1 + 2999 * features].view(2999, features).cpu().double().abs()
                        .amax(dim=1) != 0)  # misaligned rows take the element-wise kernel
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dense_gradient_after_a_hit_of_the_same_width(device):
+    """A gradient as wide as the kept one skips the sample; a dense one must still run in full."""
+    case, adj = case_and_adj(device)
+    sparse, _ = row_sparse(adj.shape[0], 8, 0.1, seed=9, device=device)
+    x_grad(adj, sparse, norm=False)
+    dense, _ = row_sparse(adj.shape[0], 8, 1.0, seed=10, device=device)
+    out, _ = x_grad(adj, dense, norm=False)
+    assert rel_error(out, reference(case, adj, dense, None)) <= TOL
+    assert grad_rows.stats(transposed_col(adj))["builds"] == 1

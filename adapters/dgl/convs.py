@@ -59,15 +59,13 @@ def _spmm(adj: TiledAdjacency, x: Tensor, row_scale=None, col_scale=None) -> Ten
     return out.view(out.shape[0], *x.shape[1:])
 
 
-def _aggregate_transformed(adj: TiledAdjacency, x: Tensor, weight: Tensor | None, row_scale, col_scale) -> Tensor:
-    """``A (X W)`` (``A X`` without a weight). Where the kernel wants wider rows than W's
-    columns (47 on CUDA: 48), ``W`` gets zero columns so that ``X W`` comes out that wide and the
-    SpMM takes it as it is, instead of padding a copy and cutting its output back (see
-    ``fgplugin.ops.padded_width``); the result is cut as a view, read once by what follows."""
-    if weight is None:
-        return _spmm(adj, x, row_scale, col_scale)
+def _aggregate_transformed(adj: TiledAdjacency, x: Tensor, weight: Tensor, row_scale, col_scale, bias) -> Tensor:
+    """``A (X W) + bias``. Where the kernel wants wider rows than W's columns (47 on CUDA: 48),
+    ``W`` gets zero columns so that ``X W`` comes out that wide and the SpMM takes it as it is,
+    instead of padding a copy and cutting its output back (see ``fgplugin.ops.padded_width``);
+    the bias add cuts the extra columns (``fgplugin.ops.aggregate_padded_product``)."""
     return aggregate_padded_product(lambda h: _spmm(adj, h, row_scale, col_scale), x, weight,
-                                    padded_width(weight.shape[1], x.dtype, x.device))
+                                    padded_width(weight.shape[1], x.dtype, x.device), bias)
 
 
 def _served(graph, feat_src: Tensor, edge_weight) -> Structure | None:
@@ -120,9 +118,8 @@ class GraphConv(dgl_conv.GraphConv):
                                                  lambda: _spmm(adj, feat_src, row_scale, col_scale), self._norm)
         if kept is not None:  # a constant input's A X, kept: (A X) W = A (X W)
             rst = transform_with_bias(kept, weight, self.bias)
-        elif self._in_feats > self._out_feats:  # multiply by W first: aggregate fewer columns
-            rst = _aggregate_transformed(adj, feat_src, weight, row_scale, col_scale)
-            rst = rst if self.bias is None else rst + self.bias
+        elif weight is not None and self._in_feats > self._out_feats:  # W first: aggregate fewer columns
+            rst = _aggregate_transformed(adj, feat_src, weight, row_scale, col_scale, self.bias)
         elif weight is not None:
             rst = transform_with_bias(_spmm(adj, feat_src, row_scale, col_scale), weight, self.bias)
         else:
@@ -130,7 +127,7 @@ class GraphConv(dgl_conv.GraphConv):
             rst = rst if self.bias is None else rst + self.bias
         if self._activation is not None:
             rst = self._activation(rst)
-        return rst.contiguous()  # a no-op but after _aggregate_transformed's cut with nothing after it
+        return rst
 
 
 class SAGEConv(dgl_conv.SAGEConv):

@@ -48,10 +48,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
             return self._transform_with_bias(kept)
         if x.layout == torch.strided and x.size(-1) < self.out_channels:
             return self._transform_with_bias(aggregate(plan, x, self.node_dim))
-        out = self._aggregate_transformed(plan, x)
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        return self._aggregate_transformed(plan, x)
 
     def _transform_with_bias(self, h: Tensor) -> Tensor:
         """``lin(h) + bias``, fused where the linear map is plain (fgplugin.ops.transform_with_bias)."""
@@ -70,13 +67,14 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         """``A (X W)``. Where the kernel wants wider rows than ``out_channels`` (C = 47 on
         CUDA: 48), ``W`` gets zero rows so that ``X W`` comes out that wide and the SpMM takes it
         as it is, instead of padding a copy and cutting its output back (products-like on an
-        H100: those copies were 1.8 ms of a 32 ms training step, step_profile.json). The extra columns are cut as a
-        view, which the bias add then reads once (without a bias: one copy)."""
+        H100: those copies were 1.8 ms of a 32 ms training step, step_profile.json). The bias add
+        cuts the extra columns (fgplugin.ops.aggregate_padded_product). Adds the bias."""
         width = padded_width(self.out_channels, x.dtype, x.device)
         if width == self.out_channels or x.layout != torch.strided or not self._plain_lin():
-            return aggregate(plan, self.lin(x), self.node_dim)
-        out = aggregate_padded_product(lambda h: aggregate(plan, h, self.node_dim), x, self.lin.weight.t(), width)
-        return out if self.bias is not None else out.contiguous()
+            out = aggregate(plan, self.lin(x), self.node_dim)
+            return out if self.bias is None else out + self.bias
+        return aggregate_padded_product(lambda h: aggregate(plan, h, self.node_dim), x, self.lin.weight.t(), width,
+                                        self.bias)
 
     def _plan(self, n: int, edge_index, edge_weight) -> Plan | DeferredPlan | None:
         cache_name = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"

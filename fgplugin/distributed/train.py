@@ -64,20 +64,24 @@ class DistGCN(nn.Module):
         for i, w in enumerate(self.weights):
             if i:
                 h = F.dropout(F.relu(h), self.dropout, self.training)
-            h = _aggregate_transformed(graph, h, w) if w.shape[0] > w.shape[1] else graph.aggregate(h) @ w
-            if self.biases is not None:
-                h = h + self.biases[i]
-        return h.contiguous()  # a no-op but after a cut of the last layer without a bias
+            bias = None if self.biases is None else self.biases[i]
+            if w.shape[0] > w.shape[1]:
+                h = _aggregate_transformed(graph, h, w, bias)
+            else:
+                h = graph.aggregate(h) @ w
+                h = h if bias is None else h + bias
+        return h
 
 
-def _aggregate_transformed(graph, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``A (H W)``. Where the SpMM wants wider rows than W's columns (whole 16-byte vectors in
-    h's dtype and in the wire dtype: 47 -> 48), ``W`` gets zero columns, so that ``H W`` comes
-    out that wide and neither the SpMM nor the exchange pads a copy and cuts the result back;
-    the result is cut here as a view (the layers do the same: ``fgplugin.ops.padded_width``)."""
+def _aggregate_transformed(graph, h: torch.Tensor, w: torch.Tensor, bias) -> torch.Tensor:
+    """``A (H W) + bias``. Where the SpMM wants wider rows than W's columns (whole 16-byte
+    vectors in h's dtype and in the wire dtype: 47 -> 48), ``W`` gets zero columns, so that
+    ``H W`` comes out that wide and neither the SpMM nor the exchange pads a copy and cuts the
+    result back; the bias add cuts the extra columns (the layers do the same:
+    ``fgplugin.ops.aggregate_padded_product``)."""
     wire = getattr(getattr(graph, "ctx", None), "comm_dtype", None) or h.dtype
     width = max(padded_width(w.shape[1], h.dtype, h.device), padded_width(w.shape[1], wire, h.device))
-    return aggregate_padded_product(graph.aggregate, h, w, width)
+    return aggregate_padded_product(graph.aggregate, h, w, width, bias)
 
 
 class DistributedTrainer:
