@@ -112,16 +112,16 @@ def test_cli_epoch_writes_schema_json(tmp_path):
             assert r["ms_min"] <= r["ms_median"] <= r["ms_max"] and r["reps"] == 3
             assert r["precision"] == "fp32" and r["F"] == 32
     assert any(r["impl"] == "fgplugin" and r["ms_median"] for r in epoch_rows)
-    # fgplugin keeps layer 1's aggregation of the constant x (fgplugin.input_cache) and skips the
-    # zero rows of layer 2's gradient (fgplugin.grad_rows: 10% of the nodes train), and counts
-    # building both as preprocessing; fgplugin-kernels does neither
+    # fgplugin keeps layer 1's aggregation of the constant x (fgplugin.input_cache) and counts
+    # building it as preprocessing, with that of the restricted backward structure where one was
+    # built (fgplugin.grad_rows; not on a graph this small); fgplugin-kernels does neither
     pre = {(r["impl"], r["order"]): r for r in res["rows"] if r["op"] == "preprocess"}
     for order in ("original", "community"):
         kept, plain = pre[("fgplugin", order)], pre[("fgplugin-kernels", order)]
         assert kept["input_cache_ms"] >= 0 and "input_cache_ms" not in plain
-        assert kept["grad_rows_ms"] > 0 and "grad_rows_ms" not in plain
+        assert "grad_rows_ms" not in plain
         assert kept["ms_median"] == pytest.approx(kept["reorder_ms"] + kept["setup_ms"] + kept["input_cache_ms"]
-                                                  + kept["grad_rows_ms"])
+                                                  + kept.get("grad_rows_ms", 0.0))
 
 
 def test_cli_bad_suite_is_a_clear_error():

@@ -16,7 +16,10 @@ TOL = 1e-5
 
 
 @pytest.fixture(autouse=True)
-def skipping_on():
+def skipping_on(monkeypatch):
+    """Skipping on, also for the small products of these tests (test_small_products_run_in_full
+    checks the size threshold itself)."""
+    monkeypatch.setattr(grad_rows, "MIN_WORK", {"cuda": 0, "cpu": 0})
     previous = grad_rows.set_row_skipping(True)
     yield
     grad_rows.set_row_skipping(previous)
@@ -196,3 +199,22 @@ def test_dense_gradient_after_a_hit_of_the_same_width(device):
     out, _ = x_grad(adj, dense, norm=False)
     assert rel_error(out, reference(case, adj, dense, None)) <= TOL
     assert grad_rows.stats(transposed_col(adj))["builds"] == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_small_products_run_in_full(device, monkeypatch):
+    case, adj = case_and_adj(device)
+    grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=13, device=device)
+    monkeypatch.setattr(grad_rows, "MIN_WORK", {"cuda": adj.nnz * 8 + 1, "cpu": adj.nnz * 8 + 1})
+    out, _ = x_grad(adj, grad, norm=False)
+    assert rel_error(out, reference(case, adj, grad, None)) <= TOL
+    assert grad_rows.stats(transposed_col(adj))["builds"] == 0
+
+
+def test_build_time_is_counted():
+    _, adj = case_and_adj("cpu")
+    grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=14, device="cpu")
+    before = grad_rows.total_build_s()
+    x_grad(adj, grad)
+    spent = grad_rows.stats(transposed_col(adj))["build_s"]
+    assert spent > 0 and grad_rows.total_build_s() == pytest.approx(before + spent)
