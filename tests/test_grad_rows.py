@@ -218,3 +218,14 @@ def test_build_time_is_counted():
     x_grad(adj, grad)
     spent = grad_rows.stats(transposed_col(adj))["build_s"]
     assert spent > 0 and grad_rows.total_build_s() == pytest.approx(before + spent)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int64_indices(device):
+    case = random_graph_case(15, avg_degree=12.0, weighted=True)
+    adj = case.adjacency(index_dtype=torch.int64).to(device)
+    assert adj.col.dtype == torch.int64
+    grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=16, device=device)
+    out, scales = x_grad(adj, grad)
+    assert rel_error(out, reference(case, adj, grad, scales)) <= TOL
+    assert grad_rows.stats(transposed_col(adj))["builds"] == 1
