@@ -312,7 +312,7 @@ def test_dist_gcn_pads_the_weight_not_the_features(bias, monkeypatch):
     """Where the SpMM wants wider rows (on CUDA 6 -> 8 columns at fp32), DistGCN pads W, so the
     SpMM runs on H W as it comes; forced here on the CPU: the SpMM sees 8 columns, and outputs and
     gradients equal those of the unpadded model."""
-    from fgplugin import ops
+    from fgplugin import input_cache, ops
     from fgplugin.distributed import train
     from fgplugin.testing import random_graph_case, rel_error
 
@@ -328,6 +328,7 @@ def test_dist_gcn_pads_the_weight_not_the_features(bias, monkeypatch):
         (out * torch.arange(out.numel()).view_as(out).remainder(5)).sum().backward()
         return out.detach(), [p.grad.clone() for p in model.parameters()]
 
+    monkeypatch.setattr(input_cache, "_enabled", False)  # layer 1 aggregates x W every call, padded
     plain, plain_grads = output_and_grads()
     widths, call_spmm = [], ops._call_spmm
     monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
@@ -488,3 +489,36 @@ def test_scaling_benchmark_takes_rank0_graph():
         status, value = results[rank]
         assert status == "ok", value
         assert value == ([1], True, True)
+
+
+def test_dist_gcn_keeps_the_first_layers_input_aggregation(monkeypatch):
+    """From the second call on, DistGCN's first layer reuses A x (fgplugin.input_cache): one
+    aggregation per step instead of two, with the outputs and gradients of the plain model."""
+    from fgplugin import input_cache
+    from fgplugin.testing import random_graph_case, rel_error
+
+    case = random_graph_case(5, n_src=300, avg_degree=6)
+    graph = FullGraph(TiledAdjacency.from_edge_index(case.edge_index, case.num_nodes))
+    calls, aggregate = [], graph.aggregate
+    monkeypatch.setattr(graph, "aggregate", lambda h: calls.append(h.shape[1]) or aggregate(h))
+    torch.manual_seed(0)
+    model = DistGCN((16, 10, 6))
+    x = torch.randn(case.num_nodes, 16)
+
+    def output_and_grads():
+        model.zero_grad()
+        out = model(graph, x)
+        (out * torch.arange(out.numel()).view_as(out).remainder(5)).sum().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+    monkeypatch.setattr(input_cache, "_enabled", False)
+    plain, plain_grads = output_and_grads()
+    monkeypatch.setattr(input_cache, "_enabled", True)
+    for _ in range(3):
+        calls.clear()
+        kept, kept_grads = output_and_grads()
+    assert calls == [6]  # only the second layer aggregates (x W -> 10 -> 6 columns)
+    assert input_cache.of(model).holds
+    assert rel_error(kept, plain) <= 1e-5
+    for g_kept, g_plain in zip(kept_grads, plain_grads):
+        assert rel_error(g_kept, g_plain) <= 1e-5

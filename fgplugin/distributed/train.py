@@ -17,7 +17,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import aggregate_padded_product, padded_width, spmm
+from .. import input_cache
+from ..ops import aggregate_padded_product, padded_width, spmm, transform_with_bias
 from ..tiling import TiledAdjacency
 from .context import RankFailureError, timeout_seconds
 from .sharding import ShardedGraph
@@ -62,15 +63,28 @@ class DistGCN(nn.Module):
     def forward(self, graph, x: torch.Tensor) -> torch.Tensor:
         h = x
         for i, w in enumerate(self.weights):
+            bias = None if self.biases is None else self.biases[i]
             if i:
                 h = F.dropout(F.relu(h), self.dropout, self.training)
-            bias = None if self.biases is None else self.biases[i]
+            elif (kept := self._kept_input_aggregation(graph, x)) is not None:
+                h = transform_with_bias(kept, w, bias)
+                continue
             if w.shape[0] > w.shape[1]:
                 h = _aggregate_transformed(graph, h, w, bias)
             else:
-                h = graph.aggregate(h) @ w
-                h = h if bias is None else h + bias
+                h = transform_with_bias(graph.aggregate(h), w, bias)
         return h
+
+    def _kept_input_aggregation(self, graph, x: torch.Tensor) -> torch.Tensor | None:
+        """The first layer's ``A x``, kept from the second call on while ``x`` and the graph stay
+        the same and need no gradient (fgplugin.input_cache, as in the drop-in layers). Across
+        ranks this removes the first layer's aggregations *and* their exchanges from every step.
+        ``graph.aggregate`` is a collective, so every rank must decide alike: they do while their
+        ``x`` blocks are alike in size and their devices in memory (the cache's size cap), as
+        block-wise row blocks on one kind of GPU are; a rank that decided otherwise would wait in
+        a collective until the timeout and raise :class:`RankFailureError`."""
+        nbytes = x.numel() * x.element_size()
+        return input_cache.of(self).get(x, (graph,), nbytes, lambda: graph.aggregate(x))
 
 
 def _aggregate_transformed(graph, h: torch.Tensor, w: torch.Tensor, bias) -> torch.Tensor:
