@@ -307,6 +307,14 @@ def four_ranks(cora_path, tmp_path_factory):
     return _ok(_launch(4, _four_ranks, cora_path, CONFIGS, str(tmp_path_factory.mktemp("ckpt"))), 4)
 
 
+def _output_and_grads(model, graph, x):
+    """The model's output and its parameters' gradients for a fixed, uneven output weighting."""
+    model.zero_grad()
+    out = model(graph, x)
+    (out * torch.arange(out.numel()).view_as(out).remainder(5)).sum().backward()
+    return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_dist_gcn_pads_the_weight_not_the_features(bias, monkeypatch):
     """Where the SpMM wants wider rows (on CUDA 6 -> 8 columns at fp32), DistGCN pads W, so the
@@ -322,18 +330,12 @@ def test_dist_gcn_pads_the_weight_not_the_features(bias, monkeypatch):
     model = DistGCN((16, 10, 6), bias=bias)
     x = torch.randn(case.num_nodes, 16)
 
-    def output_and_grads():
-        model.zero_grad()
-        out = model(graph, x)
-        (out * torch.arange(out.numel()).view_as(out).remainder(5)).sum().backward()
-        return out.detach(), [p.grad.clone() for p in model.parameters()]
-
     monkeypatch.setattr(input_cache, "_enabled", False)  # layer 1 aggregates x W every call, padded
-    plain, plain_grads = output_and_grads()
+    plain, plain_grads = _output_and_grads(model, graph, x)
     widths, call_spmm = [], ops._call_spmm
     monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
     monkeypatch.setattr(train, "padded_width", lambda features, dtype, device: features + -features % 4)
-    padded, padded_grads = output_and_grads()
+    padded, padded_grads = _output_and_grads(model, graph, x)
     assert 8 in widths and 12 in widths  # both layers' products ran on padded widths (10 -> 12, 6 -> 8)
     assert padded.is_contiguous() and rel_error(padded, plain) <= 1e-5
     for g_padded, g_plain in zip(padded_grads, plain_grads):
@@ -505,18 +507,12 @@ def test_dist_gcn_keeps_the_first_layers_input_aggregation(monkeypatch):
     model = DistGCN((16, 10, 6))
     x = torch.randn(case.num_nodes, 16)
 
-    def output_and_grads():
-        model.zero_grad()
-        out = model(graph, x)
-        (out * torch.arange(out.numel()).view_as(out).remainder(5)).sum().backward()
-        return out.detach(), [p.grad.clone() for p in model.parameters()]
-
     monkeypatch.setattr(input_cache, "_enabled", False)
-    plain, plain_grads = output_and_grads()
+    plain, plain_grads = _output_and_grads(model, graph, x)
     monkeypatch.setattr(input_cache, "_enabled", True)
     for _ in range(3):
         calls.clear()
-        kept, kept_grads = output_and_grads()
+        kept, kept_grads = _output_and_grads(model, graph, x)
     assert calls == [6]  # only the second layer aggregates (x W -> 10 -> 6 columns)
     assert input_cache.of(model).holds
     assert rel_error(kept, plain) <= 1e-5
