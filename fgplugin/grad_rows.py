@@ -74,7 +74,7 @@ class _Restriction:
     rowptr: torch.Tensor | None = None
     col: torch.Tensor | None = None
     keep: torch.Tensor | None = None  # positions in the full CSR of the kept non-zeros
-    plans: dict = field(default_factory=dict)  # weighted -> kernel plan
+    plans: dict = field(default_factory=dict)  # (weighted, block-adaptive) -> kernel plan
     misses: int = 0
     builds: int = 0
     hits: int = 0
@@ -131,12 +131,13 @@ def restricted_transpose(t_rowptr, t_col, t_values, grad: torch.Tensor, full_pla
             _rebuild(entry, t_rowptr, t_col, live)
     entry.width = grad.shape[1]
     weighted = t_values is not None
-    plan = entry.plans.get(weighted)
+    key = (weighted, bool(full_plan))  # the full product's kernel (a float64 call runs the plain one)
+    plan = entry.plans.get(key)
     if plan is None:
         with _timed(entry, grad.device):
             shape = (t_rowptr.numel() - 1, n)
             plan = plan_builder(entry.rowptr, entry.col, shape, weighted) if full_plan else []
-            entry.plans[weighted] = plan
+            entry.plans[key] = plan
     values = None if t_values is None else t_values.index_select(0, entry.keep)
     return entry.rowptr, entry.col, values, plan
 
