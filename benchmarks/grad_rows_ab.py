@@ -90,8 +90,7 @@ def main() -> int:
             r, c, d = inputs[4], inputs[5], inputs[6]
             restricted_ms = restricted_nnz = None
             with torch.no_grad():
-                restricted = grad_rows.restricted_transpose(*adj.transpose()[:2], None, grad, inputs[11],
-                                                            lambda *a: None)
+                restricted = grad_rows.restricted_transpose(*adj.transpose()[:2], None, grad, inputs[11])
                 if restricted is not None:  # None: too many live rows (MAX_LIVE_FRACTION)
                     rp, cl, vals, plan = restricted
                     restricted_nnz = int(cl.numel())

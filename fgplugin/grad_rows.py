@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .kernel_plan import build_plan
+
 # Restricted products measured 2.4x faster at 25% live rows and slower at 50% (2-core CPU,
 # tolokers' graph), 2.2x faster at 30% (H100, reddit-like: benchmarks/results/h100/grad_rows_ab.json).
 MAX_LIVE_FRACTION = 0.3
@@ -99,11 +101,12 @@ def total_build_s() -> float:
     return _total_build_s
 
 
-def restricted_transpose(t_rowptr, t_col, t_values, grad: torch.Tensor, full_plan: list, plan_builder):
+def restricted_transpose(t_rowptr, t_col, t_values, grad: torch.Tensor, full_plan: list):
     """``(rowptr, col, values, plan)`` of ``A^T`` restricted to the non-zero rows of ``grad``,
     or ``None`` when the full product should run (see the module doc). ``full_plan`` is the
-    kernel plan of the full ``A^T`` (empty: plain kernels, so the restriction gets none either);
-    ``plan_builder(rowptr, col, shape, weighted)`` makes one for the restriction."""
+    kernel plan of the full ``A^T`` (empty: plain kernels, so the restriction gets none either).
+    The restriction's plan puts every entry in the remainder pass: leaving out most columns
+    leaves few tiles dense."""
     if not _enabled or torch.is_grad_enabled() or torch.compiler.is_compiling() or grad.dim() != 2:
         return None
     n = grad.shape[0]
@@ -136,7 +139,7 @@ def restricted_transpose(t_rowptr, t_col, t_values, grad: torch.Tensor, full_pla
     if plan is None:
         with _timed(entry, grad.device):
             shape = (t_rowptr.numel() - 1, n)
-            plan = plan_builder(entry.rowptr, entry.col, shape, weighted) if full_plan else []
+            plan = build_plan(entry.rowptr, entry.col, shape, threshold=1.0, weighted=weighted) if full_plan else []
             entry.plans[key] = plan
     values = None if t_values is None else t_values.index_select(0, entry.keep)
     return entry.rowptr, entry.col, values, plan

@@ -20,7 +20,7 @@ import torch
 from . import grad_rows
 from ._csr import aux_dtype_for
 from .reference import sddmm_reference, spmm_reference
-from .kernel_plan import build_plan, kernel_plans
+from .kernel_plan import kernel_plans
 from .tiling import TiledAdjacency
 
 SPMM_SCHEMA = ("spmm(Tensor rowptr, Tensor col, Tensor? values, Tensor x, Tensor? row_scale, Tensor? col_scale, "
@@ -121,8 +121,7 @@ def _input_grads(inputs, grad, need, skip_zero_rows: bool = False):
         if t_rowptr is None:
             raise RuntimeError("fgplugin.spmm: the backward pass needs the transpose plan; call fgplugin.spmm(adj, x) "
                                "instead of torch.ops.fgplugin.spmm so that it is passed")
-        restricted = (grad_rows.restricted_transpose(t_rowptr, t_col, t_values, grad, t_plan, _remainder_plan)
-                      if skip_zero_rows else None)
+        restricted = grad_rows.restricted_transpose(t_rowptr, t_col, t_values, grad, t_plan) if skip_zero_rows else None
 
         def adjoint(out_scale):
             if restricted is None:
@@ -151,12 +150,6 @@ def _input_grads(inputs, grad, need, skip_zero_rows: bool = False):
         if c is not None:
             grad_d = grad_d * c[:n]
     return grad_values, grad_x, grad_r, grad_c, grad_d
-
-
-def _remainder_plan(rowptr, col, shape, weighted):
-    """Kernel plan of a restricted A^T (fgplugin.grad_rows): all of it in the remainder pass,
-    since leaving out most columns leaves few tiles dense."""
-    return build_plan(rowptr, col, shape, threshold=1.0, weighted=weighted)
 
 
 def _as_aux(t, name, length, aux, device):
