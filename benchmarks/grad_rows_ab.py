@@ -2,7 +2,9 @@
 """A/B of fgplugin.grad_rows: the backward product of a GCN output layer with and without
 skipping the zero rows of its gradient, and what the skipping path is made of.
 
-    python benchmarks/grad_rows_ab.py [--graphs products-like,reddit-like] [--live 0.05,0.1,0.3] [--out DIR]
+    python benchmarks/grad_rows_ab.py [--graphs products-like,reddit-like] [--live 0.05,0.1,0.3] [--features F] [--out DIR]
+
+On a machine without a GPU it times on the CPU (``perf_counter``).
 
 Per graph (community order, the epoch suite's plan and threshold) and live fraction: the layer's
 output width F (classes, padded as fgplugin pads them), a gradient with that fraction of non-zero
@@ -11,8 +13,8 @@ rows, and medians of 20 CUDA-event timings of
 - ``full_ms``: ``torch.autograd.grad`` of ``fgplugin.spmm`` with skipping off (the full ``A^T G``);
 - ``skip_ms``: the same with skipping on, the restriction already built (a hit: finding the
   non-zero rows, comparing them with the kept set, the restricted product);
-- ``nonzero_rows_ms`` / ``torch_any_ms``: finding the non-zero rows with the extension's kernel
-  and with torch's ``any(dim=1)``;
+- ``nonzero_rows_ms`` / ``torch_any_ms``: finding the non-zero rows as fgplugin.grad_rows does
+  (the extension's kernel on CUDA) and with torch's ``any(dim=1)``;
 - ``restricted_ms``: the restricted product alone;
 - ``build_ms``: building the restriction and its plan (once per set of rows).
 
@@ -25,14 +27,23 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 
 def median_ms(fn, reps=20):
+    """Median milliseconds of ``fn``: CUDA events on a GPU, ``perf_counter`` on the CPU."""
     for _ in range(3):
         fn()
+    if not torch.cuda.is_available():
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - start))
+        return statistics.median(times)
     torch.cuda.synchronize()
     events = []
     for _ in range(reps):
@@ -55,15 +66,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphs", default="products-like,reddit-like")
     ap.add_argument("--live", default="0.05,0.1,0.3")
+    ap.add_argument("--features", type=int, default=None, help="gradient width (default: the classes, padded)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
-    device = torch.device("cuda")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
     for name in args.graphs.split(","):
         problem = reordered(load(name, device), "community")
         adj = problem.adj
         threshold = prepare_plans(adj)
-        F = padded_width(problem.num_classes, torch.float32, device)
+        F = args.features or padded_width(problem.num_classes, torch.float32, device)
         scales = adj.norm("gcn")
         n = adj.shape[0]
         x = torch.randn(n, F, device=device, requires_grad=True)
@@ -101,15 +113,17 @@ def main() -> int:
                 "live_fraction": live_fraction, "live_rows": stats["live_rows"], "restricted_nnz": restricted_nnz,
                 "used": used, "full_ms": full_ms, "skip_ms": skip_ms, "speedup": full_ms / skip_ms,
                 "restricted_ms": restricted_ms,
-                "nonzero_rows_ms": median_ms(lambda: torch.ops.fgplugin.nonzero_rows.default(grad)),
+                "nonzero_rows_ms": median_ms(lambda: grad_rows._nonzero_rows(grad)),
                 "torch_any_ms": median_ms(lambda: grad.any(dim=1)),
                 "build_ms": 1e3 * stats["build_s"],
                 "rel_diff": float((skipped - full).norm() / full.norm())})
             print(rows[-1], flush=True)
         del out, x, problem, adj
         torch.cuda.empty_cache()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / "grad_rows_ab.json"
-    path.write_text(json.dumps({"suite": "grad_rows_ab", "device": torch.cuda.get_device_name(),
+    path.write_text(json.dumps({"suite": "grad_rows_ab",
+                                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                                 "torch": torch.__version__,
                                 "command": " ".join(["python"] + sys.argv), "rows": rows}, indent=1))
     return 0

@@ -41,8 +41,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .kernel_plan import build_plan
 
-# Restricted products measured 2.4x faster at 25% live rows and slower at 50% (2-core CPU,
-# tolokers' graph), 2.2x faster at 30% (H100, reddit-like: benchmarks/results/h100/grad_rows_ab.json).
+# The skipping path measured 2.2x faster than the full product at 25% live rows (2-core CPU,
+# tolokers' graph, F=64: benchmarks/results/cpu/grad_rows_ab.json) and 2.2x at 30% (H100,
+# reddit-like: benchmarks/results/h100/grad_rows_ab.json); a first, unrecorded CPU trial at 50%
+# was slower than the full product.
 MAX_LIVE_FRACTION = 0.3
 SAMPLE_ROWS = 1024
 MAX_MISSES = 3
