@@ -54,7 +54,8 @@ MAX_MISSES = 3
 # at 2**22.
 MIN_WORK = {"cuda": 1 << 28, "cpu": 1 << 22}
 _enabled = os.environ.get("FGPLUGIN_SKIP_ZERO_ROWS", "1") != "0"
-# t_col of a transposed CSR -> its _Restriction; entries go with the structure they restrict.
+# col of a restricted CSR (A^T's in the backward pass) -> its _Restriction; entries go with the
+# structure they restrict.
 _restrictions: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _total_build_s = 0.0
 
@@ -86,10 +87,10 @@ class _Restriction:
     width: int = -1  # columns of the gradient that last used the restriction
 
 
-def stats(t_col: torch.Tensor) -> dict:
-    """How the structure with transposed column array ``t_col`` fared: builds, hits, misses
-    (for tests and benchmarks)."""
-    entry = _restrictions.get(t_col)
+def stats(col: torch.Tensor) -> dict:
+    """How the structure with column array ``col`` (``A^T``'s in the backward pass of
+    :func:`fgplugin.spmm`) fared: builds, hits, misses (for tests and benchmarks)."""
+    entry = _restrictions.get(col)
     if entry is None:
         return {"builds": 0, "hits": 0, "misses": 0, "live_rows": None, "build_s": 0.0}
     live_rows = None if entry.live is None else int(entry.live.sum())
@@ -103,52 +104,75 @@ def total_build_s() -> float:
     return _total_build_s
 
 
-def restricted_transpose(t_rowptr, t_col, t_values, grad: torch.Tensor, full_plan: list):
-    """``(rowptr, col, values, plan)`` of ``A^T`` restricted to the non-zero rows of ``grad``,
-    or ``None`` when the full product should run (see the module doc). ``full_plan`` is the
-    kernel plan of the full ``A^T`` (empty: plain kernels, so the restriction gets none either).
-    The restriction's plan puts every entry in the remainder pass: leaving out most columns
-    leaves few tiles dense."""
-    if not _enabled or torch.is_grad_enabled() or torch.compiler.is_compiling() or grad.dim() != 2:
+def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, full_plan: list):
+    """``(rowptr, col, values, plan)`` of the CSR ``(rowptr, col, values)`` restricted to the
+    columns whose row of ``x`` is not zero, for the product with ``x``; or ``None`` when the full
+    product should run (see the module doc). In the backward pass of :func:`fgplugin.spmm` the
+    CSR is ``A^T`` and ``x`` the output gradient. ``full_plan`` is the kernel plan of the full
+    CSR (empty: plain kernels, so the restriction gets none either). The restriction's plan puts
+    every entry in the remainder pass: leaving out most columns leaves few tiles dense."""
+    if not _enabled or torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dim() != 2:
         return None
-    n = grad.shape[0]
-    if n == 0 or t_col.numel() * grad.shape[1] < MIN_WORK.get(grad.device.type, MIN_WORK["cuda"]):
+    n = x.shape[0]
+    if n == 0 or col.numel() * x.shape[1] < MIN_WORK.get(x.device.type, MIN_WORK["cuda"]):
         return None
-    entry = _restrictions.get(t_col)
+    entry = _restrictions.get(col)
     if entry is None:
-        entry = _restrictions[t_col] = _Restriction()
+        entry = _restrictions[col] = _Restriction()
     if entry.misses >= MAX_MISSES:
         return None
     # The sample costs a host sync; a gradient as wide as the one that used the kept rows last
     # is taken to come from the same layer, and goes straight to the comparison.
-    if entry.live is None or grad.shape[1] != entry.width:
+    if entry.live is None or x.shape[1] != entry.width:
         step = max(n // SAMPLE_ROWS, 1)
-        if float(_nonzero_rows(grad[::step]).float().mean()) > MAX_LIVE_FRACTION:  # one host sync
+        if float(nonzero_rows(x[::step]).float().mean()) > MAX_LIVE_FRACTION:  # one host sync
             return None
-    live = _nonzero_rows(grad)
-    if entry.live is not None and torch.equal(live, entry.live):
+    live = nonzero_rows(x)
+    same = _keeps(entry, live)
+    if not same and int(live.sum()) > MAX_LIVE_FRACTION * n:
+        return None
+    entry.width = x.shape[1]
+    return _restricted(entry, rowptr, col, values, live, full_plan, same)
+
+
+def restricted(rowptr, col, values, live: torch.Tensor, full_plan: list):
+    """``(rowptr, col, values, plan)`` of the CSR restricted to the columns where ``live`` (a
+    bool mask, one entry per column) is true, kept per structure (keyed by ``col``) and reused
+    while the mask stays the same; the caller decided that restricting pays."""
+    entry = _restrictions.get(col)
+    if entry is None:
+        entry = _restrictions[col] = _Restriction()
+    return _restricted(entry, rowptr, col, values, live, full_plan, _keeps(entry, live))
+
+
+def _restricted(entry: _Restriction, rowptr, col, values, live, full_plan, same: bool):
+    if same:
         entry.hits += 1
         entry.misses = 0
-    elif int(live.sum()) > MAX_LIVE_FRACTION * n:
-        return None
     else:
-        with _timed(entry, grad.device):
-            _rebuild(entry, t_rowptr, t_col, live)
-    entry.width = grad.shape[1]
-    weighted = t_values is not None
+        with timed_build(entry, live.device):
+            _rebuild(entry, rowptr, col, live)
+    weighted = values is not None
     key = (weighted, bool(full_plan))  # the full product's kernel (a float64 call runs the plain one)
     plan = entry.plans.get(key)
     if plan is None:
-        with _timed(entry, grad.device):
-            shape = (t_rowptr.numel() - 1, n)
+        with timed_build(entry, live.device):
+            shape = (rowptr.numel() - 1, live.numel())
             plan = build_plan(entry.rowptr, entry.col, shape, threshold=1.0, weighted=weighted) if full_plan else []
             entry.plans[key] = plan
-    values = None if t_values is None else t_values.index_select(0, entry.keep)
-    return entry.rowptr, entry.col, values, plan
+    kept_values = None if values is None else values.index_select(0, entry.keep)
+    return entry.rowptr, entry.col, kept_values, plan
+
+
+def _keeps(entry: _Restriction, live: torch.Tensor) -> bool:
+    """The entry's restriction is for the mask ``live`` (one host sync)."""
+    return entry.live is not None and torch.equal(live, entry.live)
 
 
 @contextmanager
-def _timed(entry: _Restriction, device: torch.device):
+def timed_build(owner, device: torch.device):
+    """Times a build of a restriction (syncing ``device``), adding the seconds to
+    ``owner.build_s`` and to :func:`total_build_s`."""
     global _total_build_s
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda _device: None)
     sync(device)
@@ -156,12 +180,12 @@ def _timed(entry: _Restriction, device: torch.device):
     yield
     sync(device)
     seconds = time.perf_counter() - start
-    entry.build_s += seconds
+    owner.build_s += seconds
     _total_build_s += seconds
 
 
-def _nonzero_rows(grad: torch.Tensor) -> torch.Tensor:
-    """Rows of ``grad`` with any entry that is not zero (NaN counts as non-zero).
+def nonzero_rows(grad: torch.Tensor) -> torch.Tensor:
+    """Rows of ``grad`` with any entry that is not zero (NaN counts as non-zero), as a bool mask.
 
     On CUDA the extension's ``nonzero_rows`` kernel: torch's ``any(dim=1)`` read a [2.45M, 48]
     fp32 gradient at 0.7 TB/s on the H100 (0.7 ms). On the CPU ``abs().amax() != 0``: ``any`` was
@@ -172,14 +196,20 @@ def _nonzero_rows(grad: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _rebuild(entry: _Restriction, t_rowptr, t_col, live) -> None:
-    kept = live.index_select(0, t_col)
-    ends = torch.cumsum(kept, 0, dtype=t_rowptr.dtype)  # kept non-zeros up to each position
+def restrict_columns(rowptr: torch.Tensor, col: torch.Tensor, live: torch.Tensor):
+    """``(rowptr, keep, col)`` of the CSR ``(rowptr, col)`` restricted to the columns where the
+    bool mask ``live`` holds: ``keep`` the positions of the kept non-zeros in the full CSR (for its
+    values), ``col`` their columns (in the same numbering)."""
+    kept = live.index_select(0, col)
+    ends = torch.cumsum(kept, 0, dtype=rowptr.dtype)  # kept non-zeros up to each position
     starts = torch.cat([ends.new_zeros(1), ends])
+    keep = kept.nonzero().squeeze(1).to(col.dtype)
+    return starts.index_select(0, rowptr), keep, col.index_select(0, keep)
+
+
+def _rebuild(entry: _Restriction, rowptr, col, live) -> None:
     entry.misses = entry.misses + 1 if entry.live is not None else 0
     entry.live = live
-    entry.rowptr = starts.index_select(0, t_rowptr)
-    entry.keep = kept.nonzero().squeeze(1).to(t_col.dtype)
-    entry.col = t_col.index_select(0, entry.keep)
+    entry.rowptr, entry.keep, entry.col = restrict_columns(rowptr, col, live)
     entry.plans = {}
     entry.builds += 1

@@ -121,7 +121,7 @@ def _input_grads(inputs, grad, need, skip_zero_rows: bool = False):
         if t_rowptr is None:
             raise RuntimeError("fgplugin.spmm: the backward pass needs the transpose plan; call fgplugin.spmm(adj, x) "
                                "instead of torch.ops.fgplugin.spmm so that it is passed")
-        restricted = grad_rows.restricted_transpose(t_rowptr, t_col, t_values, grad, t_plan) if skip_zero_rows else None
+        restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, grad, t_plan) if skip_zero_rows else None
 
         def adjoint(out_scale):
             if restricted is None:
@@ -204,6 +204,25 @@ def spmm_vjp(adj: TiledAdjacency, x: torch.Tensor, grad: torch.Tensor, row_scale
     need = (values is not None, True, r is not None, c is not None, d is not None)
     grad_values, grad_x, grad_r, grad_c, grad_d = _input_grads(inputs, grad, need)
     return grad_values, grad_x[:, :features] if pad else grad_x, grad_r, grad_c, grad_d
+
+
+def spmm_skipping_zero_rows(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, diag=None, *,
+                            live: torch.Tensor | None = None) -> torch.Tensor:
+    """``spmm(adj, x, ...)`` for a backward pass (no autograd), leaving out the columns of ``A``
+    whose row of ``x`` is zero (:mod:`fgplugin.grad_rows`): with ``live=None`` where that pays by
+    the rules of the zero-row skipping, given the bool mask ``live`` of ``x``'s non-zero rows
+    always. The distributed backward multiplies its blocks with the gradient this way."""
+    inputs, features, pad = _op_inputs(adj, x, row_scale, col_scale, diag, False, "fgplugin.spmm")
+    rowptr, col, values, padded, r, c, d, plan = *inputs[:7], inputs[10]
+    if live is None:
+        restricted = grad_rows.restrict_to_live_rows(rowptr, col, values, padded, plan)
+    else:
+        restricted = grad_rows.restricted(rowptr, col, values, live, plan)
+    if restricted is None:
+        out = torch.ops.fgplugin.spmm.default(*inputs)
+    else:
+        out = torch.ops.fgplugin.spmm.default(*restricted[:3], padded, r, c, d, None, None, None, restricted[3], [])
+    return out[:, :features].contiguous() if pad else out
 
 
 def _product(adj, x, row_scale, col_scale, diag, adjoint: bool) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fgplugin import TiledAdjacency
+from fgplugin import TiledAdjacency, grad_rows
 from fgplugin.datasets import load_npz, require_shared_data
 from fgplugin.distributed import (DistGCN, DistributedTrainer, FullGraph, RankFailureError, ShardedGraph,
                                   ShardingContext, dist_spmm, relative_error)
@@ -238,18 +238,69 @@ def _auto_choices(path):
     return out
 
 
+def _live_row_cases():
+    """Backward products of dist_spmm on the symmetric odd graph for output gradients that are
+    zero outside a set of rows (as a masked loss makes them), against the dense float64 reference:
+    {case: ([input-gradient error per call], exchange stats, own block's grad_rows stats)}. The
+    calls' row sets: A, A, B, A, C, B, so the exchange builds, reuses, rebuilds, and after
+    MAX_MISSES changes in a row goes back to the full exchange. Needs MIN_WORK = 0."""
+    graphs, n, h, weight = _odd_graph_inputs(seed=6, width=8)
+    edges = graphs["symmetric"]
+    a = _dense_reference(edges, n, "gcn")
+    gen = torch.Generator().manual_seed(7)
+    row_sets = [torch.randperm(n, generator=gen)[:20] for _ in range(3)]
+    order = [0, 0, 1, 0, 2, 1]
+    cases = {}
+    for replication, comm, wire in ((1, "broadcast", None), (2, "broadcast", None), (1, "sparse", None),
+                                    (1, "broadcast", torch.bfloat16), (2, "broadcast", torch.bfloat16)):
+        ctx = ShardingContext(replication, comm=comm, comm_dtype=wire)
+        graph = ShardedGraph.from_edge_index(ctx, edges, n, perm=_perm(n, "random"))
+        errors = []
+        for i in order:
+            masked = torch.zeros_like(weight)
+            masked[row_sets[i]] = weight[row_sets[i]]
+            x = h if wire is None else h.float()
+            _, grad = _output_and_input_grad(graph, x, masked.to(x.dtype))
+            errors.append(relative_error(grad.double(), (a.t() @ masked)[graph.global_ids()]))
+        own = graph.blocks.get(ctx.block)
+        own_stats = None if own is None else grad_rows.stats(own.adj.col)
+        cases[(replication, comm, wire)] = (errors, graph.live_rows.stats(), own_stats)
+    # One rank with the skipping off: every rank must fall back to the full exchange together.
+    previous = grad_rows.set_row_skipping(dist.get_rank() != 1)
+    try:
+        graph = ShardedGraph.from_edge_index(ShardingContext(1, comm="broadcast"), edges, n, perm=_perm(n, "random"))
+        masked = torch.zeros_like(weight)
+        masked[row_sets[0]] = weight[row_sets[0]]
+        _, grad = _output_and_input_grad(graph, h, masked)
+        cases["one rank off"] = ([relative_error(grad, (a.t() @ masked)[graph.global_ids()])],
+                                 graph.live_rows.stats(), None)
+    finally:
+        grad_rows.set_row_skipping(previous)
+    return cases
+
+
 def _four_ranks(rank, world, path, configs, tmpdir):
-    return _spmm_cases(configs), _train_configs(path, configs, tmpdir), _auto_choices(path), _bf16_wire_cases()
+    # Cora and the odd graph are far below the work at which the zero-row skipping pays; here it
+    # runs on them so that training and _live_row_cases exercise it (the dense-gradient cases
+    # still take the full products: their rows are all live).
+    grad_rows.MIN_WORK = {"cuda": 0, "cpu": 0}
+    return {"spmm": _spmm_cases(configs), "train": _train_configs(path, configs, tmpdir),
+            "auto": _auto_choices(path), "bf16": _bf16_wire_cases(), "live_rows": _live_row_cases()}
 
 
 def _train_each(data, configs, evaluate):
-    """{config: (final weights, final loss, accuracies or None)} after EPOCHS epochs of each config."""
+    """{config: (final weights, final loss, accuracies or None, stats of the zero-row skipping
+    (exchange, own block))} after EPOCHS epochs of each config."""
     out = {}
     for replication, comm, perm_kind in configs:
         trainer = _trainer(data, replication, comm, perm_kind)
         for _ in range(EPOCHS):
             stats = trainer.step()
-        out[(replication, comm, perm_kind)] = (_weights(trainer), stats["loss"], trainer.evaluate() if evaluate else None)
+        graph = trainer.graph
+        own = graph.blocks.get(graph.ctx.block)
+        skipping = graph.live_rows.stats(), None if own is None else grad_rows.stats(own.adj.col)
+        out[(replication, comm, perm_kind)] = (_weights(trainer), stats["loss"], trainer.evaluate() if evaluate else None,
+                                               skipping)
     return out
 
 
@@ -276,7 +327,7 @@ def _train_configs(path, configs, tmpdir):
 def _check_equal(ranks, reference, reference_loss, keys):
     for rank, out in ranks.items():
         for key in keys:
-            weights, loss, _ = out[key]
+            weights, loss, *_ = out[key]
             for name, ref in reference.items():
                 err = relative_error(torch.from_numpy(weights[name]), ref)
                 assert err < 1e-4, f"rank {rank} {key}: {name} differs from single-process training by {err:.2e}"
@@ -343,7 +394,8 @@ def test_dist_gcn_pads_the_weight_not_the_features(bias, monkeypatch):
 
 
 def test_auto_comm_picks_sparse_only_when_few_rows_are_read(four_ranks):
-    for rank, (_, _, choices, _) in four_ranks.items():
+    for rank, out in four_ranks.items():
+        choices = out["auto"]
         assert ShardingContext.__init__.__kwdefaults__["comm"] == "auto"
         for kind, (comm, share) in choices.items():
             assert comm == ("sparse" if share <= AUTO_SPARSE_MAX_SHARE else "broadcast"), (rank, kind, comm, share)
@@ -352,8 +404,8 @@ def test_auto_comm_picks_sparse_only_when_few_rows_are_read(four_ranks):
 
 
 def test_dist_spmm_matches_dense_reference(four_ranks):
-    for rank, (errors, _, _, _) in four_ranks.items():
-        for key, (fwd, bwd, symmetric) in errors.items():
+    for rank, out in four_ranks.items():
+        for key, (fwd, bwd, symmetric) in out["spmm"].items():
             # The scales are float32 (as fgplugin's own normalization): float32 rounding, not float64.
             assert fwd < 1e-6 and bwd < 1e-6, f"rank {rank} {key}: forward {fwd:.1e}, input gradient {bwd:.1e}"
             # "mean" scales rows only, so even a symmetric graph's normalized matrix is not symmetric.
@@ -364,17 +416,30 @@ def test_bf16_wire_rounds_only_to_bf16(four_ranks):
     """comm_dtype=bfloat16: the received rows travel and are multiplied in bf16 (the remote part of
     the sum is rounded to bf16 too); the result comes back in float32, within bf16's error bar of
     the exact product and clearly not exact (so the wire really is bf16)."""
-    for rank, (_, _, _, errors) in four_ranks.items():
-        for key, (fwd, bwd, out_dtype, grad_dtype) in errors.items():
+    for rank, out in four_ranks.items():
+        for key, (fwd, bwd, out_dtype, grad_dtype) in out["bf16"].items():
             assert out_dtype == grad_dtype == torch.float32, (rank, key, out_dtype, grad_dtype)
             assert 1e-5 < fwd < 2e-2 and 1e-5 < bwd < 2e-2, f"rank {rank} {key}: forward {fwd:.1e}, gradient {bwd:.1e}"
 
 
 def test_four_ranks_1d_and_15d_match_single_process(four_ranks, reference):
     configs = CONFIGS
-    ranks = {r: v[1] for r, v in four_ranks.items()}
+    ranks = {r: v["train"] for r, v in four_ranks.items()}
     ref, ref_loss = reference
     _check_equal(ranks, ref, ref_loss, configs)
+    # The training gradient is zero outside the training rows. In broadcast mode the backward
+    # exchange sent only those: the first epoch has two backward products (the first layer's
+    # input aggregation is kept from the second call on), each with its own rows, so it built for
+    # layer 2, layer 1, layer 2 again, then reused that every later epoch. Sparse mode's
+    # own-block products skipped the zero rows too.
+    for rank, out in ranks.items():
+        for config in configs:
+            exchange, own = out[config][3]
+            if config[1] == "broadcast":
+                assert (exchange["builds"], exchange["hits"]) == (3, EPOCHS - 2), (rank, config, exchange)
+                assert exchange["live_rows"] == 140  # cora's training nodes
+            else:
+                assert exchange["builds"] == 0 and (own is None or own["builds"] >= 1), (rank, config, own)
     accs = ranks[0][configs[0]][2]
     assert set(accs) == {"train_acc", "val_acc", "test_acc"} and accs["train_acc"] > 0.5
     for rank, out in ranks.items():  # resumed after 5 epochs == 10 straight epochs
@@ -383,6 +448,29 @@ def test_four_ranks_1d_and_15d_match_single_process(four_ranks, reference):
             for name in straight:
                 err = relative_error(torch.from_numpy(out[key][name]), torch.from_numpy(straight[name]))
                 assert err < 1e-9, f"rank {rank}: resumed run {key} differs in {name} by {err:.2e}"
+
+
+def test_backward_sends_only_the_live_rows(four_ranks):
+    """Output gradients zero outside 20 of 100 rows: the broadcast exchange moves only those rows,
+    and every backward product equals the dense reference, through builds, reuse, rebuilds and
+    the fallback to the full exchange; bf16 on the wire keeps bf16's error bar."""
+    bf16 = torch.bfloat16
+    compacted = [(1, "broadcast", None), (2, "broadcast", None), (1, "broadcast", bf16), (2, "broadcast", bf16)]
+    for rank, out in four_ranks.items():
+        cases = out["live_rows"]
+        for key, (errors, _, _) in cases.items():
+            bar = 2e-2 if key in compacted[2:] else 1e-6
+            assert len(errors) and all(e < bar for e in errors), f"rank {rank} {key}: errors {errors}"
+        for key in compacted:
+            exchange = cases[key][1]
+            # Row sets A, A, B, A, C, B: built for A, reused, rebuilt for B, A and C (MAX_MISSES = 3
+            # changes in a row), then the full exchange for the last call.
+            assert (exchange["builds"], exchange["hits"], exchange["misses"]) == (4, 1, grad_rows.MAX_MISSES), \
+                (rank, key, exchange)
+        assert cases[(1, "sparse", None)][1]["builds"] == 0  # sparse mode keeps its own exchange
+        assert cases["one rank off"][1]["builds"] == 0, "a rank with the skipping off must turn it off for all"
+    # Sparse mode's products still leave out zero rows, each rank deciding for itself.
+    assert any(out["live_rows"][(1, "sparse", None)][2]["builds"] for out in four_ranks.values())
 
 
 def _disagree_then_train(rank, world, path):

@@ -28,6 +28,10 @@ DEFAULT_TIMEOUT_S = 300.0
 COMM_MODES = ("auto", "broadcast", "sparse")
 
 
+# torch >= 2.12 names the all-gather into one tensor all_gather_single (the old name warns).
+all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class RankFailureError(RuntimeError):
     """A collective failed or timed out: another rank died, hung, or diverged."""
 

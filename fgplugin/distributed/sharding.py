@@ -45,9 +45,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..ops import _vector_pad, spmm
+from ..ops import _vector_pad, spmm, spmm_skipping_zero_rows
 from ..tiling import TiledAdjacency
-from .context import COMM_MODES, BlockLayout, ShardingContext
+from .context import COMM_MODES, BlockLayout, ShardingContext, all_gather_into
+from .live_rows import LiveRowExchange, compact_product
 
 _MOD = 2**31 - 1
 _CHUNK = 1 << 24  # edges read per step while sharding (bounds temporaries; works on memory maps)
@@ -131,6 +132,7 @@ class ShardedGraph:
         self.gathers = bool(gathers)
         self.fingerprint = fingerprint
         self.profiler = None
+        self.live_rows = LiveRowExchange(self)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -358,14 +360,18 @@ class ShardedGraph:
     def _product_kind(self, b: ColumnBlock) -> str:
         return "spmm_local" if b.j == self.ctx.block else "spmm_remote"
 
-    def _block_mm(self, b: ColumnBlock, h: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    def _block_mm(self, b: ColumnBlock, h: torch.Tensor, out: torch.Tensor | None,
+                  skip_zero_rows: bool = False) -> torch.Tensor:
         with self.region(self._product_kind(b)):
-            t = spmm(b.adj, h, self.row_scale, b.col_scale, b.diag)
+            product = spmm_skipping_zero_rows if skip_zero_rows else spmm
+            t = product(b.adj, h, self.row_scale, b.col_scale, b.diag)
             return t if out is None else out.add_(t)
 
     def _block_mm_t(self, b: ColumnBlock, grad: torch.Tensor) -> torch.Tensor:
+        """A backward product: it leaves out the zero rows of ``grad`` where that pays
+        (fgplugin.grad_rows; a local decision, the exchange does not depend on it)."""
         with self.region(self._product_kind(b)):
-            return spmm(b.adj_t, grad, b.col_scale, self.row_scale, b.diag)
+            return spmm_skipping_zero_rows(b.adj_t, grad, b.col_scale, self.row_scale, b.diag)
 
     def _pack(self, t: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Rows ``rows`` of ``t`` (all of them when ``None``) as a contiguous send buffer in the wire dtype."""
@@ -409,8 +415,14 @@ class ShardedGraph:
                 dist.all_reduce(out, group=self.ctx.row_group)
         return out
 
-    def _product(self, h: torch.Tensor) -> torch.Tensor:
-        """This rank's ``sum_{j in J_k} A_gj H_j`` (before the 1.5D all-reduce over the replicas)."""
+    def _product(self, h: torch.Tensor, skip_zero_rows: bool = False) -> torch.Tensor:
+        """This rank's ``sum_{j in J_k} A_gj H_j`` (before the 1.5D all-reduce over the replicas).
+        ``skip_zero_rows`` (the backward of a symmetric graph, where ``H`` is the gradient): in
+        broadcast mode only ``H``'s non-zero rows travel where that pays
+        (:mod:`fgplugin.distributed.live_rows`), and the products leave out the zero rows."""
+        compaction = self.live_rows.prepare(h) if skip_zero_rows else None
+        if compaction is not None:
+            return compact_product(self, h, compaction)
         ctx, g = self.ctx, self.ctx.block
         f, wire = h.shape[1], self.ctx.comm_dtype or h.dtype
         out = None
@@ -427,7 +439,7 @@ class ShardedGraph:
             with self.region("pack"):
                 slot[:self.num_rows].copy_(h)
                 slot[self.num_rows:].zero_()
-            works = [_all_gather(recv_all, slot, group=ctx.col_group, async_op=True)]
+            works = [all_gather_into(recv_all, slot, group=ctx.col_group, async_op=True)]
         elif self.comm == "broadcast":
             # The owner sends its block as it is (no gather into a send buffer); the others receive
             # it straight into its slice of recv_all.
@@ -436,7 +448,7 @@ class ShardedGraph:
         else:
             works = self._exchange(recv_all, dist.irecv, self._pack(h, self.send_rows), dist.isend)
         if g in self.blocks:
-            out = self._block_mm(self.blocks[g], h, out)
+            out = self._block_mm(self.blocks[g], h, out, skip_zero_rows)
         self._wait(works)
         if self.remote is not None:
             # The received rows are multiplied in the wire dtype as they arrived, and the result
@@ -445,7 +457,7 @@ class ShardedGraph:
             # 16-bit product reads half the bytes. It rounds the remote part of the sum once more
             # to the wire dtype, on top of the rounding of its inputs.
             self._count_received(recv_all, self.received_rows)
-            out = self._block_mm(self.remote, recv_all, out)
+            out = self._block_mm(self.remote, recv_all, out, skip_zero_rows)
         if out is None:  # every block this rank multiplies is empty
             out = torch.zeros(self.num_rows, f, dtype=h.dtype, device=h.device)
         if out.dtype != h.dtype:  # only the remote block's product, in the wire dtype (1.5D)
@@ -484,7 +496,7 @@ class ShardedGraph:
             # it touches (as many bytes), and it multiplies no transposed block: in sparse mode
             # that one has a row per remote column (2.8x the own rows, products-like on 4 GPUs)
             # and its partial products had to be scatter-added at the owner.
-            return self._product(grad)
+            return self._product(grad, skip_zero_rows=True)
         f, wire = grad.shape[1], self.ctx.comm_dtype or grad.dtype
         out = None
         if self.comm == "broadcast":
@@ -618,10 +630,6 @@ def _remote_block(parts, offsets: dict[int, int], width: int, n_own: int, option
     adj_t = TiledAdjacency.from_edge_index(torch.stack([row, col]), size=(n_own, width), keep_edge_order=False,
                                            **options) if transpose else None
     return ColumnBlock(-1, adj, adj_t, col_scale, None)
-
-
-# torch >= 2.12 names the all-gather into one tensor all_gather_single (the old name warns).
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _resolve_comm(read_rows: int, other_rows: int, device) -> str:
