@@ -25,7 +25,10 @@ Algorithm 2 with one part per row block, node ids kept in their block):
   forward product (symmetric normalized adjacency) instead of the transposed blocks;
 - ``peak_mem_bytes``: largest per-rank peak of the run itself (shard, activations, buffers;
   the generated whole graph each worker keeps for the next configuration is subtracted);
-- ``recv_bytes``: feature bytes received per epoch by the busiest rank.
+- ``recv_bytes``: feature bytes received per epoch by the busiest rank;
+- ``skip_zero_rows``: the zero-row skipping was on (``FGPLUGIN_SKIP_ZERO_ROWS``), and
+  ``live_row_exchange``: rank 0's statistics of the backward's live-row exchange
+  (:mod:`fgplugin.distributed.live_rows`).
 
 ``gpus=1`` rows include plain single-GPU fgplugin (``impl`` ``fgplugin``: ``spmm`` on the whole
 graph, no sharding code), the reference of the 4-GPU speedup target.
@@ -281,6 +284,7 @@ def _run_config(data, perm, label, ctx, args, device) -> dict:
     import torch
     import torch.distributed as dist
 
+    from fgplugin import grad_rows
     from fgplugin.distributed import DistGCN, DistributedTrainer, Profiler, ShardedGraph
 
     world, replication = dist.get_world_size(), ctx.replication
@@ -333,6 +337,7 @@ def _run_config(data, perm, label, ctx, args, device) -> dict:
             "compute_ms": max(e - c for e, c in zip(epoch, comm)),
             "imbalance": max(spmm) / (sum(spmm) / len(spmm)) if sum(spmm) else None,
             "symmetric": graph.symmetric, "peak_mem_bytes": max(peaks), "recv_bytes": max(received),
+            "skip_zero_rows": grad_rows.row_skipping_enabled(), "live_row_exchange": graph.live_rows.stats(),
             "per_rank": {"epoch_ms": epoch, "spmm_ms": spmm, **{f"{k}_ms": v for k, v in by_kind.items()},
                          "peak_mem_bytes": peaks, "recv_bytes": received},
         }
@@ -350,7 +355,7 @@ def _run_single(data, perm, label, args, device) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from fgplugin import TiledAdjacency
+    from fgplugin import TiledAdjacency, grad_rows
     from fgplugin.distributed import DistGCN, FullGraph
     from fgplugin.reorder import inverse_permutation
 
@@ -384,7 +389,8 @@ def _run_single(data, perm, label, args, device) -> dict:
         _mem_reset(device)
         times = _time_epochs(plain, args, device)
         row |= {"ms_median": statistics.median(times), "ms_min": min(times), "ms_max": max(times),
-                "peak_mem_bytes": _mem_peak(device) - base, "loss": plain.step(True)["loss"]}
+                "peak_mem_bytes": _mem_peak(device) - base, "loss": plain.step(True)["loss"],
+                "skip_zero_rows": grad_rows.row_skipping_enabled()}
         row["compute_ms"] = row["ms_median"]
         del graph, model, opt, x, y, train, plain
     except Exception as err:  # noqa: BLE001
