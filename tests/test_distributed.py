@@ -252,7 +252,8 @@ def _live_row_cases():
     order = [0, 0, 1, 0, 2, 1]
     cases = {}
     for replication, comm, wire in ((1, "broadcast", None), (2, "broadcast", None), (1, "sparse", None),
-                                    (1, "broadcast", torch.bfloat16), (2, "broadcast", torch.bfloat16)):
+                                    (2, "sparse", None), (1, "broadcast", torch.bfloat16),
+                                    (2, "broadcast", torch.bfloat16), (1, "sparse", torch.bfloat16)):
         ctx = ShardingContext(replication, comm=comm, comm_dtype=wire)
         graph = ShardedGraph.from_edge_index(ctx, edges, n, perm=_perm(n, "random"))
         errors = []
@@ -427,19 +428,16 @@ def test_four_ranks_1d_and_15d_match_single_process(four_ranks, reference):
     ranks = {r: v["train"] for r, v in four_ranks.items()}
     ref, ref_loss = reference
     _check_equal(ranks, ref, ref_loss, configs)
-    # The training gradient is zero outside the training rows. In broadcast mode the backward
-    # exchange sent only those: the first epoch has two backward products (the first layer's
-    # input aggregation is kept from the second call on), each with its own rows, so it built for
-    # layer 2, layer 1, layer 2 again, then reused that every later epoch. Sparse mode's
-    # own-block products skipped the zero rows too.
+    # The training gradient is zero outside the training rows, and the backward exchange sent only
+    # those: the first epoch has two backward products (the first layer's input aggregation is
+    # kept from the second call on), each with its own rows, so it built for layer 2, layer 1,
+    # layer 2 again, then reused that every later epoch.
     for rank, out in ranks.items():
         for config in configs:
             exchange, own = out[config][3]
-            if config[1] == "broadcast":
-                assert (exchange["builds"], exchange["hits"]) == (3, EPOCHS - 2), (rank, config, exchange)
-                assert exchange["live_rows"] == 140  # cora's training nodes
-            else:
-                assert exchange["builds"] == 0 and (own is None or own["builds"] >= 1), (rank, config, own)
+            assert (exchange["builds"], exchange["hits"]) == (3, EPOCHS - 2), (rank, config, exchange)
+            assert exchange["live_rows"] == 140  # cora's training nodes
+            assert own is None or own["hits"] >= EPOCHS - 2, (rank, config, own)
     accs = ranks[0][configs[0]][2]
     assert set(accs) == {"train_acc", "val_acc", "test_acc"} and accs["train_acc"] > 0.5
     for rank, out in ranks.items():  # resumed after 5 epochs == 10 straight epochs
@@ -451,26 +449,24 @@ def test_four_ranks_1d_and_15d_match_single_process(four_ranks, reference):
 
 
 def test_backward_sends_only_the_live_rows(four_ranks):
-    """Output gradients zero outside 20 of 100 rows: the broadcast exchange moves only those rows,
-    and every backward product equals the dense reference, through builds, reuse, rebuilds and
-    the fallback to the full exchange; bf16 on the wire keeps bf16's error bar."""
-    bf16 = torch.bfloat16
-    compacted = [(1, "broadcast", None), (2, "broadcast", None), (1, "broadcast", bf16), (2, "broadcast", bf16)]
+    """Output gradients zero outside 20 of 100 rows: both exchange modes move only those rows, in
+    1D and 1.5D, and every backward product equals the dense reference, through builds, reuse,
+    rebuilds and the fallback to the full exchange; bf16 on the wire keeps bf16's error bar."""
     for rank, out in four_ranks.items():
         cases = out["live_rows"]
-        for key, (errors, _, _) in cases.items():
-            bar = 2e-2 if key in compacted[2:] else 1e-6
+        for key, (errors, exchange, own) in cases.items():
+            bar = 2e-2 if key[-1] == torch.bfloat16 else 1e-6
             assert len(errors) and all(e < bar for e in errors), f"rank {rank} {key}: errors {errors}"
-        for key in compacted:
-            exchange = cases[key][1]
+            if key == "one rank off":
+                assert exchange["builds"] == 0, "a rank with the skipping off must turn it off for all"
+                continue
             # Row sets A, A, B, A, C, B: built for A, reused, rebuilt for B, A and C (MAX_MISSES = 3
             # changes in a row), then the full exchange for the last call.
             assert (exchange["builds"], exchange["hits"], exchange["misses"]) == (4, 1, grad_rows.MAX_MISSES), \
                 (rank, key, exchange)
-        assert cases[(1, "sparse", None)][1]["builds"] == 0  # sparse mode keeps its own exchange
-        assert cases["one rank off"][1]["builds"] == 0, "a rank with the skipping off must turn it off for all"
-    # Sparse mode's products still leave out zero rows, each rank deciding for itself.
-    assert any(out["live_rows"][(1, "sparse", None)][2]["builds"] for out in four_ranks.values())
+            # The own block's product left out the zero rows too (the rank's own, in 1.5D when it
+            # multiplies its own block).
+            assert own is None or own["builds"] == 4, (rank, key, own)
 
 
 def _disagree_then_train(rank, world, path):

@@ -4,8 +4,8 @@ In full-batch training the loss reads only the training rows, so the gradient ``
 the last layer's aggregation is zero on every other row (:mod:`fgplugin.grad_rows`). On a
 symmetric graph the distributed backward is the forward product applied to ``G``
 (:mod:`fgplugin.distributed.sharding`), whose broadcast exchange would move every row of ``G``.
-Here each owner sends only its non-zero rows (one all-gather of them in 1D, one broadcast per
-block in 1.5D), and the remote block is kept restricted to the columns of those rows, renumbered
+Here each owner sends only its non-zero rows (in broadcast mode one all-gather of them in 1D, one
+broadcast per block in 1.5D), and the remote block is kept restricted to the columns of those rows, renumbered
 to where they land in the compact receive buffer. With 10% of the nodes training (the synthetic
 suite; ogbn-products 8%) the backward exchange moves a tenth of the bytes and the remote product
 reads a tenth of the non-zeros. The terms left out are products with exact zeros: the result is
@@ -18,11 +18,13 @@ row ids and every rank rebuilds its restricted remote block, kept until the rows
 decisions use only gathered numbers and the graph's global sizes, so every rank of the group makes
 the same ones.
 
+In sparse mode each rank sends, of the rows another rank reads, only the live ones, and receives
+likewise; both sides find them from the gathered row ids, so the ring exchange's sizes agree.
+
 It runs when all of these hold (otherwise the full exchange runs, and each rank's products still
 skip zero rows locally, which needs no agreement):
 
-- ``comm="broadcast"`` (sparse mode sends only the rows a rank reads already), a symmetric
-  normalized graph and at least two row blocks;
+- a symmetric normalized graph and at least two row blocks;
 - the zero-row skipping on in every rank of the group (:func:`fgplugin.set_row_skipping`), no
   double backward, and ``num_edges x F`` at least :data:`fgplugin.grad_rows.MIN_WORK`;
 - at most :data:`~fgplugin.grad_rows.MAX_LIVE_FRACTION` of the graph's rows live;
@@ -44,13 +46,14 @@ from .context import all_gather_into
 
 @dataclass
 class Compaction:
-    """How the live rows of every block of the column group travel, for one set of them."""
+    """How the live rows travel, for one set of them (all slices ``(offset, count)`` in rows)."""
 
     live: torch.Tensor                 # bool [n_g]: this rank's non-zero gradient rows
-    send_idx: torch.Tensor             # their ids, long
     counts: list[int]                  # live rows of each block of the column group (by block index)
-    offsets: dict[int, int]            # where block j's live rows sit in the compact receive buffer
-    stride: int | None                 # 1D: rows of each rank's slot of the all-gather; None in 1.5D
+    send_idx: torch.Tensor             # rows of this block to pack for sending, long
+    send_slices: dict[int, tuple[int, int]]  # sparse mode: member k's rows in the packed buffer
+    recv_slices: dict[int, tuple[int, int]]  # block j's live rows in the compact receive buffer
+    stride: int | None                 # 1D broadcast: rows of each rank's slot of the all-gather
     recv_rows: int                     # rows of the compact receive buffer
     remote: tuple | None = None        # (rowptr, col, col_scale or None) of the remote block over it
     plans: dict = field(default_factory=dict)  # block-adaptive or not -> kernel plan of ``remote``
@@ -75,7 +78,7 @@ class LiveRowExchange:
         """The checks that need no communication; the same answer on every rank."""
         g = self.graph
         min_work = grad_rows.MIN_WORK.get(device.type, grad_rows.MIN_WORK["cuda"])
-        return (g.symmetric and g.comm == "broadcast" and g.ctx.num_blocks > 1 and not torch.is_grad_enabled()
+        return (g.symmetric and g.ctx.num_blocks > 1 and not torch.is_grad_enabled()
                 and self.misses < grad_rows.MAX_MISSES and g.num_edges * features >= min_work)
 
     def prepare(self, grad: torch.Tensor) -> Compaction | None:
@@ -112,27 +115,47 @@ class LiveRowExchange:
 
     def _build(self, live, idx, counts: list[int], ids: torch.Tensor) -> Compaction:
         graph, ctx, g = self.graph, self.graph.ctx, self.graph.ctx.block
+        device = live.device
         sources = [j for j in ctx.col_blocks if j != g]
-        offsets, stride = {}, None
+        # Which received rows are live: in broadcast mode the live rows of each block; in sparse
+        # mode those of the rows this rank reads (recv_ids), in the order they arrive.
+        received = {}  # block j -> positions, within the full slice recv_slices[j], of its live rows
+        if graph.comm == "sparse":
+            for j in sources:
+                start, count = graph.recv_slices.get(j, (0, 0))
+                mask = torch.zeros(graph.layout.size(j), dtype=torch.bool, device=device)
+                mask[ids[j, :counts[j]]] = True
+                received[j] = mask.index_select(0, graph.recv_ids[start:start + count]).nonzero().squeeze(1)
+            # What this rank sends: the live ones of the rows each member reads, in their order.
+            send, send_slices, offset = [], {}, 0
+            for k, (start, count) in sorted(graph.send_slices.items()):
+                rows = graph.send_rows[start:start + count]
+                rows = rows[live.index_select(0, rows)]
+                send.append(rows)
+                send_slices[k], offset = (offset, rows.numel()), offset + rows.numel()
+            send_idx = torch.cat(send) if send else idx[:0]
+        else:
+            received = {j: ids[j, :counts[j]] for j in sources}
+            send_idx, send_slices = idx, {}
+        stride = None
         if graph.gathers:  # one all-gather: block j's slot at j * (largest count)
             stride = max(counts)
-            offsets = {j: j * stride for j in sources}
+            recv_slices = {j: (j * stride, counts[j]) for j in sources}
             recv_rows = ctx.num_blocks * stride
         else:
-            recv_rows = 0
+            recv_slices, recv_rows = {}, 0
             for j in sources:
-                offsets[j], recv_rows = recv_rows, recv_rows + counts[j]
-        compaction = Compaction(live, idx, counts, offsets, stride, recv_rows)
+                recv_slices[j], recv_rows = (recv_rows, received[j].numel()), recv_rows + received[j].numel()
+        compaction = Compaction(live, counts, send_idx, send_slices, recv_slices, stride, recv_rows)
         remote = graph.remote
         if remote is None:
             return compaction
-        # Column of the full remote block (a slot of the full receive buffer) -> its position in
+        # Column of the full remote block (a row of the full receive buffer) -> its position in
         # the compact one, -1 where the gradient row is zero.
-        position = torch.full((graph.recv_rows,), -1, dtype=torch.long, device=live.device)
+        position = torch.full((graph.recv_rows,), -1, dtype=torch.long, device=device)
         for j in sources:
-            start, _ = graph.recv_slices[j]
-            position[start + ids[j, :counts[j]]] = torch.arange(offsets[j], offsets[j] + counts[j],
-                                                               device=live.device)
+            start, offset = graph.recv_slices[j][0], recv_slices[j][0]
+            position[start + received[j]] = torch.arange(offset, offset + received[j].numel(), device=device)
         live_columns = position >= 0
         adj = remote.adj  # no edge values: the blocks carry the normalization in their scales
         rowptr, _, col = grad_rows.restrict_columns(adj.rowptr, adj.col, live_columns)
@@ -156,16 +179,21 @@ def compact_product(graph, h: torch.Tensor, compaction: Compaction) -> torch.Ten
     with graph.region("pack"):
         send = h.index_select(0, compaction.send_idx).to(wire)
     counts = compaction.counts
-    if compaction.stride is not None:
+    if graph.comm == "sparse":
+        works = graph._exchange(recv, dist.irecv, send, dist.isend, compaction.recv_slices, compaction.send_slices)
+    elif compaction.stride is not None:
         slot = recv[g * compaction.stride:(g + 1) * compaction.stride]
         with graph.region("pack"):
             slot[:counts[g]].copy_(send)
             slot[counts[g]:].zero_()
         works = [all_gather_into(recv, slot, group=ctx.col_group, async_op=True)]
-    else:
-        works = [dist.broadcast(send if j == g else recv[compaction.offsets[j]:compaction.offsets[j] + counts[j]],
-                                ctx.owner(j), group=ctx.col_group, async_op=True)
-                 for j in ctx.col_blocks if counts[j]]
+    else:  # 1.5D broadcast: the owner of each block j of the column group sends its live rows
+        works = []
+        for j in ctx.col_blocks:
+            if counts[j]:
+                offset = compaction.recv_slices[j][0] if j != g else 0
+                buf = send if j == g else recv[offset:offset + counts[j]]
+                works.append(dist.broadcast(buf, ctx.owner(j), group=ctx.col_group, async_op=True))
     out = None
     if g in graph.blocks:
         own = graph.blocks[g]
@@ -173,7 +201,7 @@ def compact_product(graph, h: torch.Tensor, compaction: Compaction) -> torch.Ten
             out = spmm_skipping_zero_rows(own.adj, h, graph.row_scale, own.col_scale, own.diag, live=compaction.live)
     graph._wait(works)
     if compaction.remote is not None:
-        graph._count_received(recv, sum(counts[j] for j in compaction.offsets))
+        graph._count_received(recv, sum(count for _, count in compaction.recv_slices.values()))
         with graph.region("spmm_remote"):
             t = _remote_product(graph, compaction, recv)
         out = t if out is None else out.add_(t)

@@ -33,7 +33,9 @@ case) ``A_gj^T = A_jg``, so the backward *is* the forward product applied to the
 ``G``: the same exchange (the rows of ``G`` this rank reads) and the same blocks, with no transposed
 blocks at all. Otherwise each rank multiplies its transposed blocks and sends the partial products
 to the block owners (``reduce`` in broadcast mode, point to point in sparse mode); in sparse mode
-the transfers overlap the own block's transposed product. Gradients of replicated tensors are
+the transfers overlap the own block's transposed product. The backward products leave out the
+zero rows of ``G`` (a masked loss makes most of them zero), and on a symmetric graph only its
+non-zero rows travel (:mod:`fgplugin.distributed.live_rows`). Gradients of replicated tensors are
 *partial* per replica (their sum over the replicas is the true gradient); the training wrapper
 accounts for it (loss scaled by ``1/r``, weight gradients all-reduced with SUM).
 """
@@ -107,7 +109,8 @@ class ShardedGraph:
     """
 
     def __init__(self, ctx: ShardingContext, num_nodes: int, num_edges: int, perm, blocks, row_scale, send_idx,
-                 fingerprint, remote=None, recv_slices=None, recv_rows=0, symmetric=False, comm=None, gathers=False):
+                 fingerprint, remote=None, recv_slices=None, recv_rows=0, symmetric=False, comm=None, gathers=False,
+                 recv_ids=None):
         self.ctx = ctx
         self.layout = BlockLayout(num_nodes, ctx.num_blocks)
         self.num_nodes, self.num_edges = num_nodes, num_edges
@@ -124,6 +127,9 @@ class ShardedGraph:
             0, dtype=torch.long, device=ctx.device)
         self.remote: ColumnBlock | None = remote
         self.recv_slices: dict[int, tuple[int, int]] = recv_slices or {}
+        # Sparse mode: the ids (within block j) of the rows received from block j, stacked like the
+        # receive buffer (slice recv_slices[j]); the live-row exchange filters them.
+        self.recv_ids = recv_ids
         self.recv_rows = int(recv_rows)
         # Rows that come over the wire: the buffer less an all-gather's own slot and padding.
         self.received_rows = sum(count for _, count in self.recv_slices.values())
@@ -296,8 +302,9 @@ class ShardedGraph:
         recv_slices = {j: (offsets[j], count) for j, count, *_ in remote_parts}
         del remote_parts
         send_idx = _exchange_needs(ctx, needs, layout) if comm == "sparse" else {}
+        recv_ids = torch.cat([needs[j] for j in sorted(needs)]) if needs else None  # in recv_slices' order
         return cls(ctx, n, num_edges, perm, blocks, row_scale_own, send_idx, fingerprint, remote, recv_slices, recv_rows,
-                   symmetric, comm, gathers)
+                   symmetric, comm, gathers, recv_ids)
 
     # ------------------------------------------------------------------ node data
     @property
@@ -465,20 +472,23 @@ class ShardedGraph:
                 out = out.to(h.dtype)
         return out
 
-    def _exchange(self, remote, remote_op, peer, peer_op) -> list:
+    def _exchange(self, remote, remote_op, peer, peer_op, recv_slices=None, send_slices=None) -> list:
         """Posts the sparse exchange in one group: slice ``recv_slices[j]`` of ``remote`` (the
         stacked rows of the other blocks) with block j's owner, and slice ``send_slices[k]`` of
         ``peer`` (the rows ``send_rows`` of this block) with each member k that reads some. The
         forward product receives ``remote`` and sends ``peer``; the transposed backward sends
-        ``remote``'s partial products and receives theirs into ``peer``."""
+        ``remote``'s partial products and receives theirs into ``peer``. The slices default to the
+        graph's (the live-row exchange passes its own)."""
         ctx, g, q = self.ctx, self.ctx.block, self.ctx.num_blocks
+        recv_slices = self.recv_slices if recv_slices is None else recv_slices
+        send_slices = self.send_slices if send_slices is None else send_slices
         ops = []
         for step in range(1, q):
             j, k = (g + step) % q, (g - step) % q
-            offset, count = self.recv_slices.get(j, (0, 0))
+            offset, count = recv_slices.get(j, (0, 0))
             if count:
                 ops.append(dist.P2POp(remote_op, remote[offset:offset + count], ctx.owner(j), ctx.col_group))
-            offset, count = self.send_slices.get(k, (0, 0))
+            offset, count = send_slices.get(k, (0, 0))
             if count:
                 ops.append(dist.P2POp(peer_op, peer[offset:offset + count], ctx.owner(k), ctx.col_group))
         return dist.batch_isend_irecv(ops) if ops else []
