@@ -205,12 +205,7 @@ def compact_product(graph, h: torch.Tensor, compaction: Compaction) -> torch.Ten
         with graph.region("spmm_remote"):
             t = _remote_product(graph, compaction, recv)
         out = t if out is None else out.add_(t)
-    if out is None:  # every block this rank multiplies is empty
-        out = torch.zeros(graph.num_rows, f, dtype=h.dtype, device=h.device)
-    if out.dtype != h.dtype:  # only the remote block's product, in the wire dtype (1.5D)
-        with graph.region("pack"):
-            out = out.to(h.dtype)
-    return out
+    return graph._product_result(out, h)
 
 
 def _remote_product(graph, compaction: Compaction, recv: torch.Tensor) -> torch.Tensor:

@@ -424,9 +424,9 @@ class ShardedGraph:
 
     def _product(self, h: torch.Tensor, skip_zero_rows: bool = False) -> torch.Tensor:
         """This rank's ``sum_{j in J_k} A_gj H_j`` (before the 1.5D all-reduce over the replicas).
-        ``skip_zero_rows`` (the backward of a symmetric graph, where ``H`` is the gradient): in
-        broadcast mode only ``H``'s non-zero rows travel where that pays
-        (:mod:`fgplugin.distributed.live_rows`), and the products leave out the zero rows."""
+        ``skip_zero_rows`` (the backward of a symmetric graph, where ``H`` is the gradient): only
+        ``H``'s non-zero rows travel where that pays (:mod:`fgplugin.distributed.live_rows`), and
+        the products leave out the zero rows."""
         compaction = self.live_rows.prepare(h) if skip_zero_rows else None
         if compaction is not None:
             return compact_product(self, h, compaction)
@@ -465,8 +465,13 @@ class ShardedGraph:
             # to the wire dtype, on top of the rounding of its inputs.
             self._count_received(recv_all, self.received_rows)
             out = self._block_mm(self.remote, recv_all, out, skip_zero_rows)
+        return self._product_result(out, h)
+
+    def _product_result(self, out: torch.Tensor | None, h: torch.Tensor) -> torch.Tensor:
+        """The summed block products ``out`` as the product of ``h``: zeros when this rank
+        multiplies no block, in ``h``'s dtype."""
         if out is None:  # every block this rank multiplies is empty
-            out = torch.zeros(self.num_rows, f, dtype=h.dtype, device=h.device)
+            return torch.zeros(self.num_rows, h.shape[1], dtype=h.dtype, device=h.device)
         if out.dtype != h.dtype:  # only the remote block's product, in the wire dtype (1.5D)
             with self.region("pack"):
                 out = out.to(h.dtype)
