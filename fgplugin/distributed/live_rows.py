@@ -3,13 +3,13 @@
 In full-batch training the loss reads only the training rows, so the gradient ``G`` that reaches
 the last layer's aggregation is zero on every other row (:mod:`fgplugin.grad_rows`). On a
 symmetric graph the distributed backward is the forward product applied to ``G``
-(:mod:`fgplugin.distributed.sharding`), whose broadcast exchange would move every row of ``G``.
-Here each owner sends only its non-zero rows (in broadcast mode one all-gather of them in 1D, one
-broadcast per block in 1.5D), and the remote block is kept restricted to the columns of those rows, renumbered
-to where they land in the compact receive buffer. With 10% of the nodes training (the synthetic
-suite; ogbn-products 8%) the backward exchange moves a tenth of the bytes and the remote product
-reads a tenth of the non-zeros. The terms left out are products with exact zeros: the result is
-the same up to float rounding.
+(:mod:`fgplugin.distributed.sharding`), whose exchange would move every row of ``G`` that a rank
+reads. Here only the non-zero rows travel (in broadcast mode one all-gather of them in 1D, one
+broadcast per block in 1.5D), and the remote block is kept restricted to the columns of those rows,
+renumbered to where they land in the compact receive buffer. With 10% of the nodes training (the
+synthetic suite; ogbn-products 8%) the backward exchange moves about a tenth of the bytes and the
+remote product reads about a tenth of the non-zeros. The terms left out are products with exact
+zeros: the result is the same up to float rounding.
 
 The ranks must agree on the size of every transfer, so each backward product starts with one small
 all-gather over the column group of ``[live rows, changed since the kept rows, skipping on]`` per
