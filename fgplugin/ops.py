@@ -121,7 +121,9 @@ def _input_grads(inputs, grad, need, skip_zero_rows: bool = False):
         if t_rowptr is None:
             raise RuntimeError("fgplugin.spmm: the backward pass needs the transpose plan; call fgplugin.spmm(adj, x) "
                                "instead of torch.ops.fgplugin.spmm so that it is passed")
-        restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, grad, t_plan) if skip_zero_rows else None
+        restricted = None
+        if skip_zero_rows:
+            restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, grad, t_plan)
 
         def adjoint(out_scale):
             if restricted is None:

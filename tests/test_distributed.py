@@ -300,8 +300,8 @@ def _train_each(data, configs, evaluate):
         graph = trainer.graph
         own = graph.blocks.get(graph.ctx.block)
         skipping = graph.live_rows.stats(), None if own is None else grad_rows.stats(own.adj.col)
-        out[(replication, comm, perm_kind)] = (_weights(trainer), stats["loss"], trainer.evaluate() if evaluate else None,
-                                               skipping)
+        accuracies = trainer.evaluate() if evaluate else None
+        out[(replication, comm, perm_kind)] = (_weights(trainer), stats["loss"], accuracies, skipping)
     return out
 
 
