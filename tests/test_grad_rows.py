@@ -229,3 +229,34 @@ def test_int64_indices(device):
     out, scales = x_grad(adj, grad)
     assert rel_error(out, reference(case, adj, grad, scales)) <= TOL
     assert grad_rows.stats(transposed_col(adj))["builds"] == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("features", [5, 47])
+def test_spmm_skipping_zero_rows_is_the_forward_product(device, weighted, features):
+    """``fgplugin.ops.spmm_skipping_zero_rows`` (the distributed backward's products): A x for an
+    x with zero rows, deciding itself (live=None) or told the live rows, equals the float64
+    product; the restriction is kept per structure and reused. Like a backward pass, it runs
+    without autograd recording (with it, the product runs in full: its gradient needs every row)."""
+    from fgplugin.ops import spmm_skipping_zero_rows
+
+    case, adj = case_and_adj(device, weighted, seed=3)
+    x, live = row_sparse(adj.shape[1], features, 0.1, seed=features, device=device)
+    r, c, d = adj.norm("gcn")
+    ref = dense_spmm(case.dense(), x.double(), r, c, d)
+    spmm_skipping_zero_rows(adj, x, r, c, d)  # grad mode on: the full product
+    assert grad_rows.stats(adj.col)["builds"] == 0
+    with torch.no_grad():
+        decided = spmm_skipping_zero_rows(adj, x, r, c, d)
+        told = spmm_skipping_zero_rows(adj, x, r, c, d, live=live.to(device))
+    assert decided.shape == told.shape == (adj.shape[0], features)
+    assert rel_error(decided, ref) <= TOL and rel_error(told, ref) <= TOL
+    stats = grad_rows.stats(adj.col)
+    assert stats["builds"] == 1 and stats["hits"] == 1 and stats["live_rows"] == int(live.sum())
+    # A dense x is multiplied in full (no restriction is built for it).
+    dense_x = torch.randn_like(x)
+    with torch.no_grad():
+        full = spmm_skipping_zero_rows(adj, dense_x, r, c, d)
+    assert rel_error(full, dense_spmm(case.dense(), dense_x.double(), r, c, d)) <= TOL
+    assert grad_rows.stats(adj.col)["builds"] == 1
