@@ -28,6 +28,10 @@ an H100, about two full products) and reused while the next gradients
 have the same non-zero rows; its memory is that of ``A^T``'s CSR times the live fraction. It is
 kept for as long as the structure's transpose lives. Switch it off with
 ``FGPLUGIN_SKIP_ZERO_ROWS=0`` or :func:`set_row_skipping`.
+
+The distributed backward uses the same restrictions for its block products
+(:func:`fgplugin.ops.spmm_skipping_zero_rows`) and the same rules, agreed between the ranks, to send
+only the non-zero rows (:mod:`fgplugin.distributed.live_rows`).
 """
 from __future__ import annotations
 
