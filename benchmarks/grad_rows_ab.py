@@ -102,7 +102,7 @@ def main() -> int:
             r, c, d = inputs[4], inputs[5], inputs[6]
             restricted_ms = restricted_nnz = None
             with torch.no_grad():
-                restricted = grad_rows.restricted_transpose(*adj.transpose()[:2], None, grad, inputs[11])
+                restricted = grad_rows.restrict_to_live_rows(*adj.transpose()[:2], None, grad, inputs[11])
                 if restricted is not None:  # None: too many live rows (MAX_LIVE_FRACTION)
                     rp, cl, vals, plan = restricted
                     restricted_nnz = int(cl.numel())
@@ -113,7 +113,7 @@ def main() -> int:
                 "live_fraction": live_fraction, "live_rows": stats["live_rows"], "restricted_nnz": restricted_nnz,
                 "used": used, "full_ms": full_ms, "skip_ms": skip_ms, "speedup": full_ms / skip_ms,
                 "restricted_ms": restricted_ms,
-                "nonzero_rows_ms": median_ms(lambda: grad_rows._nonzero_rows(grad)),
+                "nonzero_rows_ms": median_ms(lambda: grad_rows.nonzero_rows(grad)),
                 "torch_any_ms": median_ms(lambda: grad.any(dim=1)),
                 "build_ms": 1e3 * stats["build_s"],
                 "rel_diff": float((skipped - full).norm() / full.norm())})

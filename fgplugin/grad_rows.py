@@ -22,11 +22,13 @@ product):
   the sample and is compared with those rows at once (one host sync in all);
 - the structure has not seen ``MAX_MISSES`` new sets of non-zero rows in a row.
 
-The restricted structure is built when a set of rows is seen for the first time (a pass over
-``A^T``'s non-zeros and a kernel plan: 5-8 ms for the 75-200M non-zeros of the synthetic suite on
-an H100, about two full products) and reused while the next gradients
-have the same non-zero rows; its memory is that of ``A^T``'s CSR times the live fraction. It is
-kept for as long as the structure's transpose lives. Switch it off with
+A restriction is built when a set of rows is seen for the first time (a pass over ``A^T``'s
+non-zeros and a kernel plan: 5-8 ms for the 75-200M non-zeros of the synthetic suite on an H100,
+about two full products) and reused whenever a later gradient has the same non-zero rows. Each
+structure keeps up to ``MAX_KEPT`` of them, the most recently used: layers that share a graph and
+each see a row-sparse gradient (the last two of a 3-layer GCN) keep one each. A restriction's
+memory is that of ``A^T``'s CSR times its live fraction; they are kept for as long as the
+structure's transpose lives. Switch it off with
 ``FGPLUGIN_SKIP_ZERO_ROWS=0`` or :func:`set_row_skipping`.
 
 The distributed backward uses the same restrictions for its block products
@@ -52,6 +54,10 @@ from .kernel_plan import build_plan
 MAX_LIVE_FRACTION = 0.3
 SAMPLE_ROWS = 1024
 MAX_MISSES = 3
+# Restrictions kept per structure, most recently used first: one per layer whose backward product
+# sees a row-sparse gradient (a 3-layer GCN has two: the loss rows and their neighbours), so that
+# layers sharing a graph do not evict each other's every step.
+MAX_KEPT = 3
 # Non-zeros x columns of the full product below which it costs about as much as finding the live
 # rows (a host sync and a pass over G): H100, fp32, about 0.15 ms at 2**28 (products-like's and
 # reddit-like's products are 20x that, the real graphs' at most 0.7x); 2-core CPU, about 0.15 ms
@@ -75,31 +81,39 @@ def row_skipping_enabled() -> bool:
     return _enabled
 
 
+@dataclass(eq=False)  # identity: list.remove must not compare tensors
+class _Kept:
+    """A CSR restricted to the columns ``live`` (the non-zero rows of some gradients)."""
+
+    live: torch.Tensor
+    rowptr: torch.Tensor
+    keep: torch.Tensor  # positions in the full CSR of the kept non-zeros
+    col: torch.Tensor
+    width: int = -1  # columns of the gradient that last used it
+    plans: dict = field(default_factory=dict)  # (weighted, block-adaptive) -> kernel plan
+
+
 @dataclass
 class _Restriction:
-    """``A^T`` restricted to the columns ``live`` (the non-zero rows of the last gradients)."""
+    """The restrictions kept for one structure (most recently used first) and how they fared."""
 
-    live: torch.Tensor | None = None
-    rowptr: torch.Tensor | None = None
-    col: torch.Tensor | None = None
-    keep: torch.Tensor | None = None  # positions in the full CSR of the kept non-zeros
-    plans: dict = field(default_factory=dict)  # (weighted, block-adaptive) -> kernel plan
-    misses: int = 0
+    kept: list = field(default_factory=list)
+    misses: int = 0  # new row sets in a row
     builds: int = 0
     hits: int = 0
     build_s: float = 0.0  # time spent building restrictions and their plans
-    width: int = -1  # columns of the gradient that last used the restriction
 
 
 def stats(col: torch.Tensor) -> dict:
     """How the structure with column array ``col`` (``A^T``'s in the backward pass of
-    :func:`fgplugin.spmm`) fared: builds, hits, misses (for tests and benchmarks)."""
+    :func:`fgplugin.spmm`) fared: builds, hits, misses, restrictions kept, and the live rows of
+    the one used last (for tests and benchmarks)."""
     entry = _restrictions.get(col)
     if entry is None:
-        return {"builds": 0, "hits": 0, "misses": 0, "live_rows": None, "build_s": 0.0}
-    live_rows = None if entry.live is None else int(entry.live.sum())
-    return {"builds": entry.builds, "hits": entry.hits, "misses": entry.misses, "live_rows": live_rows,
-            "build_s": entry.build_s}
+        return {"builds": 0, "hits": 0, "misses": 0, "kept": 0, "live_rows": None, "build_s": 0.0}
+    live_rows = int(entry.kept[0].live.sum()) if entry.kept else None
+    return {"builds": entry.builds, "hits": entry.hits, "misses": entry.misses, "kept": len(entry.kept),
+            "live_rows": live_rows, "build_s": entry.build_s}
 
 
 def total_build_s() -> float:
@@ -117,60 +131,73 @@ def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, full_plan: list)
     every entry in the remainder pass: leaving out most columns leaves few tiles dense."""
     if not _enabled or torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dim() != 2:
         return None
-    n = x.shape[0]
-    if n == 0 or col.numel() * x.shape[1] < MIN_WORK.get(x.device.type, MIN_WORK["cuda"]):
+    n, width = x.shape
+    if n == 0 or width == 0 or col.numel() * width < MIN_WORK.get(x.device.type, MIN_WORK["cuda"]):
         return None
-    entry = _restrictions.get(col)
-    if entry is None:
-        entry = _restrictions[col] = _Restriction()
+    entry = _entry(col)
     if entry.misses >= MAX_MISSES:
         return None
-    # The sample costs a host sync; a gradient as wide as the one that used the kept rows last
-    # is taken to come from the same layer, and goes straight to the comparison.
-    if entry.live is None or x.shape[1] != entry.width:
+    # The sample costs a host sync; a gradient as wide as one that used a kept restriction is
+    # taken to come from the same layer, and goes straight to the comparison.
+    if not any(kept.width == width for kept in entry.kept):
         step = max(n // SAMPLE_ROWS, 1)
         if float(nonzero_rows(x[::step]).float().mean()) > MAX_LIVE_FRACTION:  # one host sync
             return None
     live = nonzero_rows(x)
-    same = _keeps(entry, live)
-    if not same and int(live.sum()) > MAX_LIVE_FRACTION * n:
+    match = _match(entry, live, width)
+    if match is None and int(live.sum()) > MAX_LIVE_FRACTION * n:
         return None
-    entry.width = x.shape[1]
-    return _restricted(entry, rowptr, col, values, live, full_plan, same)
+    return _restricted(entry, rowptr, col, values, live, full_plan, match, width)
 
 
 def restricted(rowptr, col, values, live: torch.Tensor, full_plan: list):
     """``(rowptr, col, values, plan)`` of the CSR restricted to the columns where ``live`` (a
     bool mask, one entry per column) is true, kept per structure (keyed by ``col``) and reused
     while the mask stays the same; the caller decided that restricting pays."""
+    entry = _entry(col)
+    return _restricted(entry, rowptr, col, values, live, full_plan, _match(entry, live), -1)
+
+
+def _entry(col: torch.Tensor) -> _Restriction:
     entry = _restrictions.get(col)
     if entry is None:
         entry = _restrictions[col] = _Restriction()
-    return _restricted(entry, rowptr, col, values, live, full_plan, _keeps(entry, live))
+    return entry
 
 
-def _restricted(entry: _Restriction, rowptr, col, values, live, full_plan, same: bool):
-    if same:
+def _match(entry: _Restriction, live: torch.Tensor, width: int = -1) -> _Kept | None:
+    """The kept restriction for the mask ``live``, or ``None``; those last used with a gradient
+    of ``width`` columns are compared first (one host sync per comparison)."""
+    for kept in sorted(entry.kept, key=lambda k: k.width != width):
+        if torch.equal(live, kept.live):
+            return kept
+    return None
+
+
+def _restricted(entry: _Restriction, rowptr, col, values, live, full_plan, kept: _Kept | None, width: int):
+    if kept is not None:
         entry.hits += 1
         entry.misses = 0
+        entry.kept.remove(kept)
     else:
         with timed_build(entry, live.device):
-            _rebuild(entry, rowptr, col, live)
+            kept = _Kept(live, *restrict_columns(rowptr, col, live))
+        entry.misses = entry.misses + 1 if entry.kept else 0
+        entry.builds += 1
+        del entry.kept[MAX_KEPT - 1:]  # the least recently used go
+    entry.kept.insert(0, kept)
+    if width >= 0:
+        kept.width = width
     weighted = values is not None
     key = (weighted, bool(full_plan))  # the full product's kernel (a float64 call runs the plain one)
-    plan = entry.plans.get(key)
+    plan = kept.plans.get(key)
     if plan is None:
         with timed_build(entry, live.device):
             shape = (rowptr.numel() - 1, live.numel())
-            plan = build_plan(entry.rowptr, entry.col, shape, threshold=1.0, weighted=weighted) if full_plan else []
-            entry.plans[key] = plan
-    kept_values = None if values is None else values.index_select(0, entry.keep)
-    return entry.rowptr, entry.col, kept_values, plan
-
-
-def _keeps(entry: _Restriction, live: torch.Tensor) -> bool:
-    """The entry's restriction is for the mask ``live`` (one host sync)."""
-    return entry.live is not None and torch.equal(live, entry.live)
+            plan = build_plan(kept.rowptr, kept.col, shape, threshold=1.0, weighted=weighted) if full_plan else []
+            kept.plans[key] = plan
+    kept_values = None if values is None else values.index_select(0, kept.keep)
+    return kept.rowptr, kept.col, kept_values, plan
 
 
 @contextmanager
@@ -210,10 +237,3 @@ def restrict_columns(rowptr: torch.Tensor, col: torch.Tensor, live: torch.Tensor
     keep = kept.nonzero().squeeze(1).to(col.dtype)
     return starts.index_select(0, rowptr), keep, col.index_select(0, keep)
 
-
-def _rebuild(entry: _Restriction, rowptr, col, live) -> None:
-    entry.misses = entry.misses + 1 if entry.live is not None else 0
-    entry.live = live
-    entry.rowptr, entry.keep, entry.col = restrict_columns(rowptr, col, live)
-    entry.plans = {}
-    entry.builds += 1

@@ -94,6 +94,32 @@ def test_new_rows_rebuild_then_give_up(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_layers_sharing_a_graph_keep_a_restriction_each(device):
+    """Two backward products per step on one graph with different live rows (the last two layers
+    of a 3-layer GCN: the loss rows, then their neighbours): each keeps its restriction, so after
+    the first step every call is a hit instead of a rebuild that soon turns the skipping off; the
+    least recently used goes once MAX_KEPT sets are kept."""
+    case, adj = case_and_adj(device)
+    n = adj.shape[0]
+    layer_grads = [row_sparse(n, width, 0.1, seed=200 + width, device=device)[0] for width in (8, 16)]
+    for step in range(4):
+        for grad in layer_grads:
+            out, scales = x_grad(adj, grad, norm=False)
+            assert rel_error(out, reference(case, adj, grad, scales)) <= TOL
+    stats = grad_rows.stats(transposed_col(adj))
+    assert (stats["builds"], stats["hits"], stats["misses"], stats["kept"]) == (2, 6, 0, 2)
+    others = [row_sparse(n, 8, 0.1, seed=300 + i, device=device)[0] for i in range(grad_rows.MAX_KEPT - 1)]
+    for grad in others:  # fills the kept list; the first layer's set is now the oldest ...
+        x_grad(adj, grad, norm=False)
+    x_grad(adj, layer_grads[1], norm=False)  # (a hit: the second is younger)
+    x_grad(adj, others[0], norm=False)
+    assert grad_rows.stats(transposed_col(adj))["kept"] == grad_rows.MAX_KEPT
+    builds = grad_rows.stats(transposed_col(adj))["builds"]
+    x_grad(adj, layer_grads[0], norm=False)  # ... and was evicted: rebuilt
+    assert grad_rows.stats(transposed_col(adj))["builds"] == builds + 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_edge_weights_changed_after_the_build_are_used(device):
     case, adj = case_and_adj(device, weighted=True)
     grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=2, device=device)
