@@ -12,9 +12,9 @@ remote product reads about a tenth of the non-zeros. The terms left out are prod
 zeros: the result is the same up to float rounding.
 
 The ranks must agree on the size of every transfer, so each backward product starts with one small
-all-gather over the column group of ``[live rows, changed since the kept rows, skipping on]`` per
-block, read on the host (a sync). When some block's rows changed, a second all-gather sends the new
-row ids and every rank rebuilds its restricted remote block, kept until the rows change again. The
+all-gather over the column group of ``[live rows, kept compactions its rows match, skipping on]``
+per block, read on the host (a sync). When no kept compaction matches on every rank, a second
+all-gather sends the new row ids and every rank builds its restricted remote block. The
 decisions use only gathered numbers and the graph's global sizes, so every rank of the group makes
 the same ones.
 
@@ -25,13 +25,21 @@ It runs when all of these hold (otherwise the full exchange runs, and each rank'
 skip zero rows locally, which needs no agreement):
 
 - a symmetric normalized graph and at least two row blocks;
-- the zero-row skipping on in every rank of the group (:func:`fgplugin.set_row_skipping`), no
-  double backward, and ``num_edges x F`` at least :data:`fgplugin.grad_rows.MIN_WORK`;
+- the zero-row skipping on in every rank of the group (:func:`fgplugin.set_row_skipping`), and a
+  rank's share of the work, ``num_edges / q x F``, at least :data:`fgplugin.grad_rows.MIN_WORK`;
 - at most :data:`~fgplugin.grad_rows.MAX_LIVE_FRACTION` of the graph's rows live;
-- fewer than :data:`~fgplugin.grad_rows.MAX_MISSES` changes of the live rows in a row.
+- fewer than :data:`~fgplugin.grad_rows.MAX_MISSES` new sets of live rows in a row, and fewer than
+  as many gradients in a row with too many live rows (then the graph stops trying: a model whose
+  gradients are dense pays for the check three times).
+
+Up to :data:`~fgplugin.grad_rows.MAX_KEPT` compactions are kept, one per layer whose gradient is
+row-sparse. The thresholds are read when the graph is built and are part of its fingerprint, which
+the ranks compare.
 """
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +52,7 @@ from ..ops import spmm_skipping_zero_rows
 from .context import all_gather_into
 
 
-@dataclass
+@dataclass(eq=False)
 class Compaction:
     """How the live rows travel, for one set of them (all slices ``(offset, count)`` in rows)."""
 
@@ -60,58 +68,81 @@ class Compaction:
 
 
 class LiveRowExchange:
-    """Per :class:`~fgplugin.distributed.ShardedGraph`: the kept :class:`Compaction` and its
-    statistics (``builds``, ``hits``, ``misses``, ``build_s``)."""
+    """Per :class:`~fgplugin.distributed.ShardedGraph`: the kept :class:`Compaction` s (up to
+    ``grad_rows.MAX_KEPT``, most recently used first, the same list on every rank) and their
+    statistics (``builds``, ``hits``, ``misses``, ``build_s``).
+
+    The thresholds are those of :mod:`fgplugin.grad_rows` when the graph was built;
+    :meth:`settings` goes into the graph's fingerprint, so ranks with different ones refuse to
+    build it instead of mismatching collectives later."""
 
     def __init__(self, graph):
         self.graph = graph
-        self.compaction: Compaction | None = None
+        self.min_work, self.max_live_fraction, self.max_misses, self.max_kept = self.settings(graph.ctx.device)
+        self.kept: list[Compaction] = []
         self.builds = self.hits = self.misses = 0
+        self.dense = 0  # gradients in a row with too many live rows
         self.build_s = 0.0
 
-    def stats(self) -> dict:
-        live = None if self.compaction is None else sum(self.compaction.counts)
-        return {"builds": self.builds, "hits": self.hits, "misses": self.misses, "live_rows": live,
-                "build_s": self.build_s}
+    @staticmethod
+    def settings(device: torch.device) -> tuple:
+        """``(MIN_WORK for the device, MAX_LIVE_FRACTION, MAX_MISSES, MAX_KEPT)`` of grad_rows now."""
+        return (grad_rows.MIN_WORK.get(device.type, grad_rows.MIN_WORK["cuda"]), grad_rows.MAX_LIVE_FRACTION,
+                grad_rows.MAX_MISSES, grad_rows.MAX_KEPT)
 
-    def _eligible(self, features: int, device: torch.device) -> bool:
-        """The checks that need no communication; the same answer on every rank."""
+    def stats(self) -> dict:
+        live = sum(self.kept[0].counts) if self.kept else None
+        return {"builds": self.builds, "hits": self.hits, "misses": self.misses, "kept": len(self.kept),
+                "live_rows": live, "build_s": self.build_s}
+
+    def _eligible(self, features: int) -> bool:
+        """The checks that need no communication; the same answer on every rank (the counters
+        change only on gathered numbers). After ``max_misses`` new row sets, or as many dense
+        gradients, in a row the graph stops trying: no collective, no sync."""
         g = self.graph
-        min_work = grad_rows.MIN_WORK.get(device.type, grad_rows.MIN_WORK["cuda"])
-        return (g.symmetric and g.ctx.num_blocks > 1 and not torch.is_grad_enabled()
-                and self.misses < grad_rows.MAX_MISSES and g.num_edges * features >= min_work)
+        share = g.num_edges // g.ctx.num_blocks  # a rank's share of the work, the same on every rank
+        return (g.symmetric and g.ctx.num_blocks > 1 and features > 0 and not torch.is_grad_enabled()
+                and self.misses < self.max_misses and self.dense < self.max_misses
+                and share * features >= self.min_work)
 
     def prepare(self, grad: torch.Tensor) -> Compaction | None:
         """The compaction for ``grad`` (this rank's rows), or ``None`` for the full exchange.
         Collective over the column group when the graph qualifies."""
-        if not self._eligible(grad.shape[1], grad.device):
+        if not self._eligible(grad.shape[1]):
             return None
         graph, ctx = self.graph, self.graph.ctx
         live = grad_rows.nonzero_rows(grad)
-        kept = self.compaction
-        same = kept is not None and torch.equal(live, kept.live)
-        mine = torch.tensor([int(live.sum()), int(not same), int(grad_rows.row_skipping_enabled())],
+        # Which kept compactions this rank's rows match (a bit each); every rank must match one.
+        matches = sum(1 << i for i, kept in enumerate(self.kept) if torch.equal(live, kept.live))
+        mine = torch.tensor([int(live.sum()), matches, int(grad_rows.row_skipping_enabled())],
                             dtype=torch.long, device=grad.device)
         with graph.region("comm"):
             info = _gather(mine, ctx).tolist()
         counts = [row[0] for row in info]
-        live_rows = sum(counts)
-        if not all(row[2] for row in info) or not 0 < live_rows <= grad_rows.MAX_LIVE_FRACTION * graph.num_nodes:
+        if not all(row[2] for row in info):
             return None
-        if not any(row[1] for row in info):
+        if not 0 < sum(counts) <= self.max_live_fraction * graph.num_nodes:
+            self.dense += 1
+            return None
+        self.dense = 0
+        common = functools.reduce(operator.and_, (row[1] for row in info))
+        if common:
+            kept = self.kept.pop((common & -common).bit_length() - 1)  # the lowest common one
             self.hits += 1
             self.misses = 0
-            return kept
-        self.misses = self.misses + 1 if kept is not None else 0
-        idx = live.nonzero().squeeze(1)
-        padded = torch.full((max(counts),), -1, dtype=torch.long, device=grad.device)
-        padded[:idx.numel()] = idx
-        with graph.region("comm"):
-            ids = _gather(padded, ctx)
-        with grad_rows.timed_build(self, grad.device):
-            self.compaction = self._build(live, idx, counts, ids)
-        self.builds += 1
-        return self.compaction
+        else:
+            self.misses = self.misses + 1 if self.kept else 0
+            idx = live.nonzero().squeeze(1)
+            padded = torch.full((max(counts),), -1, dtype=torch.long, device=grad.device)
+            padded[:idx.numel()] = idx
+            with graph.region("comm"):
+                ids = _gather(padded, ctx)
+            with grad_rows.timed_build(self, grad.device):
+                kept = self._build(live, idx, counts, ids)
+            self.builds += 1
+            del self.kept[self.max_kept - 1:]  # the least recently used go
+        self.kept.insert(0, kept)
+        return kept
 
     def _build(self, live, idx, counts: list[int], ids: torch.Tensor) -> Compaction:
         graph, ctx, g = self.graph, self.graph.ctx, self.graph.ctx.block

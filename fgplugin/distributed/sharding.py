@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import once_differentiable
 
 from ..ops import _vector_pad, spmm, spmm_skipping_zero_rows
 from ..tiling import TiledAdjacency
@@ -166,7 +167,8 @@ class ShardedGraph:
 
         Raises:
             ValueError: on every rank, when the ranks were given different graphs, orderings or
-                sharding options (an all-gathered fingerprint differs).
+                sharding options, or run with different thresholds of the zero-row skipping
+                (``fgplugin.grad_rows``; an all-gathered fingerprint differs).
         """
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
@@ -215,8 +217,10 @@ class ShardedGraph:
         del leaving
 
         perm_hash = 0 if perm is None else int(((perm % _MOD) * (torch.arange(n, device=device) % 65521 + 1) % _MOD).sum())
+        min_work, live_fraction, max_misses, max_kept = LiveRowExchange.settings(device)
         fingerprint = [n, num_edges, int(h1), int(h2), perm_hash, ctx.world_size, ctx.replication,
-                       COMM_MODES.index(ctx.comm), NORMS.index(norm), int(improved),
+                       COMM_MODES.index(ctx.comm), NORMS.index(norm), int(improved), int(min_work),
+                       round(live_fraction * 1e6), int(max_misses), int(max_kept),
                        *[int(v) for v in extra_fingerprint]]
         _check_agreement(fingerprint, device)
 
@@ -561,6 +565,7 @@ class _DistSpMM(torch.autograd.Function):
         return _vector_padded(graph._forward, h, graph.ctx.comm_dtype)
 
     @staticmethod
+    @once_differentiable  # the exchange is not recorded: a double backward must fail, not be wrong
     def backward(ctx, grad):
         return _vector_padded(ctx.graph._backward, grad, ctx.graph.ctx.comm_dtype), None
 
@@ -623,7 +628,8 @@ def _is_symmetric(adj: TiledAdjacency) -> bool:
 
 
 _FIELDS = ("num_nodes", "num_edges", "edge hash 1", "edge hash 2", "perm hash", "world size", "replication",
-           "comm", "norm", "improved")
+           "comm", "norm", "improved", "grad_rows.MIN_WORK", "grad_rows.MAX_LIVE_FRACTION x 1e6",
+           "grad_rows.MAX_MISSES", "grad_rows.MAX_KEPT")
 
 
 def _remote_block(parts, offsets: dict[int, int], width: int, n_own: int, options: dict, transpose: bool):
@@ -680,7 +686,8 @@ def _check_agreement(fingerprint: list[int], device) -> None:
             name = _FIELDS[i] if i < len(_FIELDS) else f"extra_fingerprint[{i - len(_FIELDS)}]"
             diffs.append(f"{name}: " + ", ".join(f"rank {r}={v}" for r, v in enumerate(values)))
     raise ValueError("fgplugin.distributed: the ranks were given different graphs or sharding options; every rank "
-                     "must pass the same edge_index, num_nodes, perm and options. Differences: " + "; ".join(diffs))
+                     "must pass the same edge_index, num_nodes, perm and options (and use the same fgplugin.grad_rows "
+                     "thresholds). Differences: " + "; ".join(diffs))
 
 
 def _exchange_needs(ctx: ShardingContext, needs: dict[int, torch.Tensor], layout: BlockLayout) -> dict[int, torch.Tensor]:
