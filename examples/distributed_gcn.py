@@ -92,6 +92,11 @@ def main():
     if rank == 0:
         print(f"{args.epochs} epochs in {time.perf_counter() - t0:.2f} s on {ctx.world_size} ranks "
               f"({ctx.scheme}, r={ctx.replication}, comm={graph.comm})", flush=True)
+        exchange = graph.live_rows.stats()  # the backward sending only the gradient's non-zero rows
+        if exchange["builds"]:
+            print(f"backward exchange: {exchange['live_rows']} live rows of {n}, built {exchange['builds']}x, "
+                  f"reused {exchange['hits']}x", flush=True)
+    dist.barrier()  # every rank done with the group before any tears it down (gloo aborted at exit without)
     dist.destroy_process_group()
 
 

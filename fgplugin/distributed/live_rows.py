@@ -76,9 +76,10 @@ class LiveRowExchange:
     :meth:`settings` goes into the graph's fingerprint, so ranks with different ones refuse to
     build it instead of mismatching collectives later."""
 
-    def __init__(self, graph):
-        self.graph = graph
-        self.min_work, self.max_live_fraction, self.max_misses, self.max_kept = self.settings(graph.ctx.device)
+    def __init__(self, device: torch.device):
+        # No reference to the graph (it owns this object): a cycle would leave the graph's
+        # tensors to the garbage collector, at interpreter exit after torch.distributed's teardown.
+        self.min_work, self.max_live_fraction, self.max_misses, self.max_kept = self.settings(device)
         self.kept: list[Compaction] = []
         self.builds = self.hits = self.misses = 0
         self.dense = 0  # gradients in a row with too many live rows
@@ -95,22 +96,21 @@ class LiveRowExchange:
         return {"builds": self.builds, "hits": self.hits, "misses": self.misses, "kept": len(self.kept),
                 "live_rows": live, "build_s": self.build_s}
 
-    def _eligible(self, features: int) -> bool:
+    def _eligible(self, g, features: int) -> bool:
         """The checks that need no communication; the same answer on every rank (the counters
         change only on gathered numbers). After ``max_misses`` new row sets, or as many dense
         gradients, in a row the graph stops trying: no collective, no sync."""
-        g = self.graph
         share = g.num_edges // g.ctx.num_blocks  # a rank's share of the work, the same on every rank
         return (g.symmetric and g.ctx.num_blocks > 1 and features > 0 and not torch.is_grad_enabled()
                 and self.misses < self.max_misses and self.dense < self.max_misses
                 and share * features >= self.min_work)
 
-    def prepare(self, grad: torch.Tensor) -> Compaction | None:
-        """The compaction for ``grad`` (this rank's rows), or ``None`` for the full exchange.
-        Collective over the column group when the graph qualifies."""
-        if not self._eligible(grad.shape[1]):
+    def prepare(self, graph, grad: torch.Tensor) -> Compaction | None:
+        """The compaction for ``grad`` (this rank's rows of ``graph``), or ``None`` for the full
+        exchange. Collective over the column group when the graph qualifies."""
+        if not self._eligible(graph, grad.shape[1]):
             return None
-        graph, ctx = self.graph, self.graph.ctx
+        ctx = graph.ctx
         live = grad_rows.nonzero_rows(grad)
         # Which kept compactions this rank's rows match (a bit each); every rank must match one.
         matches = sum(1 << i for i, kept in enumerate(self.kept) if torch.equal(live, kept.live))
@@ -138,14 +138,15 @@ class LiveRowExchange:
             with graph.region("comm"):
                 ids = _gather(padded, ctx)
             with grad_rows.timed_build(self, grad.device):
-                kept = self._build(live, idx, counts, ids)
+                kept = self._build(graph, live, idx, counts, ids)
             self.builds += 1
             del self.kept[self.max_kept - 1:]  # the least recently used go
         self.kept.insert(0, kept)
         return kept
 
-    def _build(self, live, idx, counts: list[int], ids: torch.Tensor) -> Compaction:
-        graph, ctx, g = self.graph, self.graph.ctx, self.graph.ctx.block
+    @staticmethod
+    def _build(graph, live, idx, counts: list[int], ids: torch.Tensor) -> Compaction:
+        ctx, g = graph.ctx, graph.ctx.block
         device = live.device
         sources = [j for j in ctx.col_blocks if j != g]
         # Which received rows are live: in broadcast mode the live rows of each block; in sparse

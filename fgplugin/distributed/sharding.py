@@ -139,7 +139,7 @@ class ShardedGraph:
         self.gathers = bool(gathers)
         self.fingerprint = fingerprint
         self.profiler = None
-        self.live_rows = LiveRowExchange(self)
+        self.live_rows = LiveRowExchange(ctx.device)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -431,7 +431,7 @@ class ShardedGraph:
         ``skip_zero_rows`` (the backward of a symmetric graph, where ``H`` is the gradient): only
         ``H``'s non-zero rows travel where that pays (:mod:`fgplugin.distributed.live_rows`), and
         the products leave out the zero rows."""
-        compaction = self.live_rows.prepare(h) if skip_zero_rows else None
+        compaction = self.live_rows.prepare(self, h) if skip_zero_rows else None
         if compaction is not None:
             return compact_product(self, h, compaction)
         ctx, g = self.ctx, self.ctx.block
