@@ -26,7 +26,8 @@ A restriction is built when a set of rows is seen for the first time (a pass ove
 non-zeros and a kernel plan: 5-8 ms for the 75-200M non-zeros of the synthetic suite on an H100,
 about two full products) and reused whenever a later gradient has the same non-zero rows. Each
 structure keeps up to ``MAX_KEPT`` of them, the most recently used: layers that share a graph and
-each see a row-sparse gradient (the last two of a 3-layer GCN) keep one each. A restriction's
+each see a row-sparse gradient (the last two of a 3-layer GCN) keep one each; one that none of the
+structure's last ``STALE_USES`` restricted products used is dropped. A restriction's
 memory is that of ``A^T``'s CSR times its live fraction; they are kept for as long as the
 structure's transpose lives. Switch it off with
 ``FGPLUGIN_SKIP_ZERO_ROWS=0`` or :func:`set_row_skipping`.
@@ -58,6 +59,10 @@ MAX_MISSES = 3
 # sees a row-sparse gradient (a 3-layer GCN has two: the loss rows and their neighbours), so that
 # layers sharing a graph do not evict each other's every step.
 MAX_KEPT = 3
+# A kept restriction that none of the structure's last STALE_USES restricted products used is
+# dropped: the first layer's gradient of the first step (before the input cache holds its
+# aggregation) is never seen again, and its restriction would otherwise hold memory for good.
+STALE_USES = 4
 # Non-zeros x columns of the full product below which it costs about as much as finding the live
 # rows (a host sync and a pass over G): H100, fp32, about 0.15 ms at 2**28 (products-like's and
 # reddit-like's products are 20x that, the real graphs' at most 0.7x); 2-core CPU, about 0.15 ms
@@ -91,6 +96,7 @@ class _Kept:
     col: torch.Tensor
     width: int = -1  # columns of the gradient that last used it
     plans: dict = field(default_factory=dict)  # (weighted, block-adaptive) -> kernel plan
+    last_use: int = 0  # the structure's use count when it was last used
 
 
 @dataclass
@@ -98,6 +104,7 @@ class _Restriction:
     """The restrictions kept for one structure (most recently used first) and how they fared."""
 
     kept: list = field(default_factory=list)
+    uses: int = 0  # restricted products run
     misses: int = 0  # new row sets in a row
     builds: int = 0
     hits: int = 0
@@ -186,6 +193,9 @@ def _restricted(entry: _Restriction, rowptr, col, values, live, full_plan, kept:
         entry.builds += 1
         del entry.kept[MAX_KEPT - 1:]  # the least recently used go
     entry.kept.insert(0, kept)
+    entry.uses += 1
+    kept.last_use = entry.uses
+    entry.kept = [k for k in entry.kept if entry.uses - k.last_use < STALE_USES]
     if width >= 0:
         kept.width = width
     weighted = values is not None

@@ -451,11 +451,12 @@ def test_four_ranks_1d_and_15d_match_single_process(four_ranks, reference):
     # The training gradient is zero outside the training rows, and the backward exchange sent only
     # those: the first epoch has two backward products (the first layer's input aggregation is
     # kept from the second call on), each with its own rows, so it built for layer 2 and layer 1,
-    # then reused layer 2's every later epoch.
+    # then reused layer 2's every later epoch; layer 1's, unused, was dropped (STALE_USES).
     for rank, out in ranks.items():
         for config in configs:
             exchange, own = out[config][3]
-            assert (exchange["builds"], exchange["hits"]) == (2, EPOCHS - 1), (rank, config, exchange)
+            assert (exchange["builds"], exchange["hits"], exchange["kept"]) == (2, EPOCHS - 1, 1), \
+                (rank, config, exchange)
             assert exchange["live_rows"] == 140  # cora's training nodes
             assert own is None or own["hits"] >= EPOCHS - 1, (rank, config, own)
     accs = ranks[0][configs[0]][2]

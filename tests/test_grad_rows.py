@@ -120,6 +120,22 @@ def test_layers_sharing_a_graph_keep_a_restriction_each(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_restriction_unused_for_a_while_is_dropped(device):
+    """The first step's first-layer gradient (before the input cache holds that layer's
+    aggregation) is not seen again: its restriction goes after STALE_USES products without it."""
+    case, adj = case_and_adj(device)
+    n = adj.shape[0]
+    last_layer, first_layer = (row_sparse(n, width, 0.1, seed=400 + width, device=device)[0] for width in (8, 16))
+    x_grad(adj, last_layer, norm=False)
+    x_grad(adj, first_layer, norm=False)
+    assert grad_rows.stats(transposed_col(adj))["kept"] == 2
+    for _ in range(grad_rows.STALE_USES):
+        x_grad(adj, last_layer, norm=False)
+    stats = grad_rows.stats(transposed_col(adj))
+    assert (stats["kept"], stats["builds"], stats["hits"]) == (1, 2, grad_rows.STALE_USES)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_edge_weights_changed_after_the_build_are_used(device):
     case, adj = case_and_adj(device, weighted=True)
     grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=2, device=device)

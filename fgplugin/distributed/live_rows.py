@@ -33,7 +33,7 @@ skip zero rows locally, which needs no agreement):
   gradients are dense pays for the check three times).
 
 Up to :data:`~fgplugin.grad_rows.MAX_KEPT` compactions are kept, one per layer whose gradient is
-row-sparse. The thresholds are read when the graph is built and are part of its fingerprint, which
+row-sparse; one unused in the last :data:`~fgplugin.grad_rows.STALE_USES` compact exchanges is dropped. The thresholds are read when the graph is built and are part of its fingerprint, which
 the ranks compare.
 """
 from __future__ import annotations
@@ -65,6 +65,7 @@ class Compaction:
     recv_rows: int                     # rows of the compact receive buffer
     remote: tuple | None = None        # (rowptr, col, col_scale or None) of the remote block over it
     plans: dict = field(default_factory=dict)  # block-adaptive or not -> kernel plan of ``remote``
+    last_use: int = 0                  # the exchange's use count when it was last used
 
 
 class LiveRowExchange:
@@ -81,6 +82,7 @@ class LiveRowExchange:
         # tensors to the garbage collector, at interpreter exit after torch.distributed's teardown.
         self.min_work, self.max_live_fraction, self.max_misses, self.max_kept = self.settings(device)
         self.kept: list[Compaction] = []
+        self.uses = 0  # compact exchanges run
         self.builds = self.hits = self.misses = 0
         self.dense = 0  # gradients in a row with too many live rows
         self.build_s = 0.0
@@ -142,6 +144,9 @@ class LiveRowExchange:
             self.builds += 1
             del self.kept[self.max_kept - 1:]  # the least recently used go
         self.kept.insert(0, kept)
+        self.uses += 1
+        kept.last_use = self.uses  # the same count on every rank, so ranks drop the same ones
+        self.kept = [k for k in self.kept if self.uses - k.last_use < grad_rows.STALE_USES]
         return kept
 
     @staticmethod
