@@ -61,7 +61,7 @@ def main() -> int:
     from fgplugin import grad_rows
     from fgplugin.bench.epoch import load, reordered
     from fgplugin.kernel_plan import prepare_plans
-    from fgplugin.ops import _op_inputs, padded_width
+    from fgplugin.ops import _op_inputs, csr_product, padded_width
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphs", default="products-like,reddit-like")
@@ -106,8 +106,7 @@ def main() -> int:
                 if restricted is not None:  # None: too many live rows (MAX_LIVE_FRACTION)
                     rp, cl, vals, plan = restricted
                     restricted_nnz = int(cl.numel())
-                    restricted_ms = median_ms(lambda: torch.ops.fgplugin.spmm.default(
-                        rp, cl, vals, grad, c, r, d, None, None, None, plan, []))
+                    restricted_ms = median_ms(lambda: csr_product(rp, cl, vals, grad, c, r, d, plan))
             rows.append({
                 "graph": name, "order": "community", "nodes": n, "nnz": adj.nnz, "F": F, "threshold": threshold,
                 "live_fraction": live_fraction, "live_rows": stats["live_rows"], "restricted_nnz": restricted_nnz,

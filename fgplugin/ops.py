@@ -128,8 +128,8 @@ def _input_grads(inputs, grad, need, skip_zero_rows: bool = False):
         def adjoint(out_scale):
             if restricted is None:
                 return _call_spmm(t_rowptr, t_col, t_values, grad, out_scale, r, d, rowptr, col, values, t_plan, plan)
-            return torch.ops.fgplugin.spmm.default(*restricted[:3], grad, out_scale, r, d, None, None, None,
-                                                   restricted[3], [])
+            rowptr_kept, col_kept, values_kept, plan_kept = restricted
+            return csr_product(rowptr_kept, col_kept, values_kept, grad, out_scale, r, d, plan_kept)
 
         if need_c:
             z = adjoint(None)
@@ -223,8 +223,16 @@ def spmm_skipping_zero_rows(adj: TiledAdjacency, x: torch.Tensor, row_scale=None
     if restricted is None:
         out = torch.ops.fgplugin.spmm.default(*inputs)
     else:
-        out = torch.ops.fgplugin.spmm.default(*restricted[:3], padded, r, c, d, None, None, None, restricted[3], [])
+        rowptr_kept, col_kept, values_kept, plan_kept = restricted
+        out = csr_product(rowptr_kept, col_kept, values_kept, padded, r, c, d, plan_kept)
     return out[:, :features].contiguous() if pad else out
+
+
+def csr_product(rowptr, col, values, x, row_scale, col_scale, diag, plan: list) -> torch.Tensor:
+    """The op on a bare CSR without its transpose: a product nothing will differentiate (the
+    restricted products of the zero-row skipping). Scales and ``diag`` in ``x``'s aux dtype."""
+    return torch.ops.fgplugin.spmm.default(rowptr, col, values, x, row_scale, col_scale, diag, None, None, None, plan,
+                                           [])
 
 
 def _product(adj, x, row_scale, col_scale, diag, adjoint: bool) -> torch.Tensor:

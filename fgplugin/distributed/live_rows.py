@@ -48,7 +48,7 @@ import torch.distributed as dist
 from .. import grad_rows
 from .._csr import aux_dtype_for
 from ..kernel_plan import block_adaptive_available, build_plan
-from ..ops import spmm_skipping_zero_rows
+from ..ops import csr_product, spmm_skipping_zero_rows
 from .context import all_gather_into
 
 
@@ -116,8 +116,8 @@ class LiveRowExchange:
         live = grad_rows.nonzero_rows(grad)
         # Which kept compactions this rank's rows match (a bit each); every rank must match one.
         matches = sum(1 << i for i, kept in enumerate(self.kept) if torch.equal(live, kept.live))
-        mine = torch.tensor([int(live.sum()), matches, int(grad_rows.row_skipping_enabled())],
-                            dtype=torch.long, device=grad.device)
+        mine = torch.tensor([0, matches, int(grad_rows.row_skipping_enabled())], dtype=torch.long, device=grad.device)
+        mine[0] = live.sum()  # stays on the device: no host sync of its own
         with graph.region("comm"):
             info = _gather(mine, ctx).tolist()
         counts = [row[0] for row in info]
@@ -256,8 +256,7 @@ def _remote_product(graph, compaction: Compaction, recv: torch.Tensor) -> torch.
     aux = aux_dtype_for(recv.dtype)
     row_scale = None if graph.row_scale is None else graph.row_scale.to(aux)
     col_scale = None if col_scale is None else col_scale.to(aux)
-    return torch.ops.fgplugin.spmm.default(rowptr, col, None, recv, row_scale, col_scale, None, None, None, None,
-                                           plan, [])
+    return csr_product(rowptr, col, None, recv, row_scale, col_scale, None, plan)
 
 
 def _gather(t: torch.Tensor, ctx) -> torch.Tensor:
