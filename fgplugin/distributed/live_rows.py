@@ -33,7 +33,8 @@ skip zero rows locally, which needs no agreement):
   gradients are dense pays for the check three times).
 
 Up to :data:`~fgplugin.grad_rows.MAX_KEPT` compactions are kept, one per layer whose gradient is
-row-sparse; one unused in the last :data:`~fgplugin.grad_rows.STALE_USES` compact exchanges is dropped. The thresholds are read when the graph is built and are part of its fingerprint, which
+row-sparse; one unused in the last :data:`~fgplugin.grad_rows.STALE_USES` compact exchanges is
+dropped. The thresholds are read when the graph is built and are part of its fingerprint, which
 the ranks compare.
 """
 from __future__ import annotations
