@@ -64,4 +64,7 @@ at::Tensor spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const std::
                     const std::optional<at::Tensor>& t_values, at::TensorList plan, at::TensorList t_plan);
 at::Tensor sddmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& b);
 
+// Dropout of x with a counter-based mask drawn from seed (cpu/dropout_cpu.cpp).
+at::Tensor dropout_cpu(const at::Tensor& x, double p, int64_t seed);
+
 }  // namespace fgplugin

@@ -33,13 +33,11 @@ class GCN(torch.nn.Module):
         super().__init__()
         self.conv1 = GCNConv(in_channels, hidden, cached=True)
         self.conv2 = GCNConv(hidden, out_channels, cached=True)
-        self.dropout = dropout
+        self.dropout = torch.nn.Dropout(dropout)  # a module (as PyG's BasicGNN): convert() swaps it too
 
     def forward(self, x, edge_index):
-        x = F.dropout(x, self.dropout, self.training)
-        x = self.conv1(x, edge_index).relu()
-        x = F.dropout(x, self.dropout, self.training)
-        return self.conv2(x, edge_index)
+        x = self.conv1(self.dropout(x), edge_index).relu()
+        return self.conv2(self.dropout(x), edge_index)
 
 
 def synchronize(device: torch.device) -> None:

@@ -4,7 +4,8 @@ Importing fgplugin builds (first time) and loads its kernels; see fgplugin/_exte
 """
 import torch as _torch
 
-from . import _extension, grad_rows, input_cache, ops as _ops
+from . import _extension, grad_rows, input_cache, ops as _ops, parallel_dropout
+from .parallel_dropout import Dropout, dropout
 from .grad_rows import set_row_skipping
 from .input_cache import set_input_cache
 from .normalization import Normalization, normalization
@@ -19,6 +20,8 @@ if not _status.loaded:
 elif not _status.cuda:
     _ops.define_reference_ops(cuda_only=True)
 _ops.register_python_parts()
+if _status.loaded:
+    parallel_dropout.register_python_parts()
 
 # PyG datasets save pre_transform output and read it back with torch.load(weights_only=True).
 _torch.serialization.add_safe_globals([TiledAdjacency, TilePlan])
@@ -30,4 +33,4 @@ def extension_status() -> "_extension.ExtensionStatus":
 
 
 __all__ = ["TiledAdjacency", "TilePlan", "Normalization", "normalization", "spmm", "extension_status",
-           "set_input_cache", "set_row_skipping"]
+           "set_input_cache", "set_row_skipping", "dropout", "Dropout"]

@@ -55,3 +55,37 @@ class LayerRebinder:
             namespace, name, stock = self._patched.pop()
             if namespace.get(name) is self.layers[stock]:
                 namespace[name] = stock
+
+
+class AdapterSwaps:
+    """An adapter's ``convert``, ``patch`` and ``unpatch``: its conv layers (``layers``), and
+    ``torch.nn.Dropout`` -> :class:`fgplugin.Dropout` unless called with ``dropout=False``.
+
+    The dropout swap is on by default because it changes no result's distribution, only its masks
+    (fgplugin/parallel_dropout.py), and it is where a CPU step on few input features spends most
+    of its time; on GPUs :class:`fgplugin.Dropout` is torch's dropout.
+    """
+
+    def __init__(self, layers: dict[type, type], on_convert: Callable[[torch.nn.Module], None] | None = None):
+        from .parallel_dropout import Dropout
+
+        self.convs = LayerRebinder(layers, on_convert)
+        self.dropouts = LayerRebinder({torch.nn.Dropout: Dropout})
+
+    def convert(self, model: torch.nn.Module, *, dropout: bool = True) -> torch.nn.Module:
+        """Swaps ``model``'s stock layers (and ``torch.nn.Dropout`` modules if ``dropout``) for
+        fgplugin's, in place, and returns ``model`` (see :meth:`LayerRebinder.convert`)."""
+        self.convs.convert(model)
+        return self.dropouts.convert(model) if dropout else model
+
+    def patch(self, *, dropout: bool = True) -> None:
+        """Makes the stock names (and ``torch.nn.Dropout`` if ``dropout``) resolve to fgplugin's
+        classes in every imported module (see :meth:`LayerRebinder.patch`)."""
+        self.convs.patch()
+        if dropout:
+            self.dropouts.patch()
+
+    def unpatch(self) -> None:
+        """Restores every name :meth:`patch` rebound."""
+        self.dropouts.unpatch()
+        self.convs.unpatch()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import fgplugin
 from fgplugin.bench import baselines as B
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +72,8 @@ def test_every_baseline_matches_stock_pyg():
         if impl in ("dgl", "fgplugin-dgl") and not _has("dgl"):
             continue
         model, graph, _ = B.build(impl, w, ei, n)
+        # what convert() gives: fgplugin's dropout in the fgplugin models with all their parts
+        assert type(model.dropout) is (fgplugin.Dropout if impl in B.FGPLUGIN_DROPOUT else torch.nn.Dropout), impl
         model.eval()
         out = model(x, graph)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5, msg=lambda m: f"{impl}: {m}")

@@ -15,6 +15,7 @@ except ImportError as err:  # CI installs DGL: there a broken shim must fail, no
         raise
     pytest.skip(f"DGL is not usable here: {err}", allow_module_level=True)
 
+import fgplugin  # noqa: E402
 from fgplugin.dgl._import_shim import graphbolt_needs_shim  # noqa: E402
 
 dgl = fd.import_dgl()
@@ -360,3 +361,13 @@ def test_convert_and_patch():
         fd.unpatch()
         del sys.modules[user.__name__]
     assert dgl.nn.GraphConv is dgl_conv.graphconv.GraphConv and user.GraphConv is dgl.nn.GraphConv
+
+    dropout_model = torch.nn.ModuleList([dgl_nn.GraphConv(5, 5), torch.nn.Dropout(0.5)])
+    assert type(fd.convert(dropout_model, dropout=False)[1]) is torch.nn.Dropout
+    assert [type(m) for m in fd.convert(dropout_model)] == [fd.GraphConv, fgplugin.Dropout]
+    try:
+        fd.patch()
+        assert torch.nn.Dropout is fgplugin.Dropout and dgl.nn.GraphConv is fd.GraphConv
+    finally:
+        fd.unpatch()
+    assert torch.nn.Dropout is torch.nn.modules.dropout.Dropout

@@ -505,3 +505,27 @@ def test_patch_reaches_bound_names_and_unpatch_restores():
         del sys.modules[user.__name__]
     assert pyg_nn.GCNConv is gcn_module.GCNConv and basic_gnn.GCNConv is gcn_module.GCNConv
     assert user.GCNConv is gcn_module.GCNConv
+
+
+def test_convert_and_patch_swap_torch_dropout_unless_told_not_to():
+    stock = torch.nn.modules.dropout.Dropout
+
+    class MyDropout(stock):  # a subclass may override forward: left alone
+        pass
+
+    model = torch.nn.Sequential(stock(0.3), torch.nn.Dropout1d(0.2), MyDropout(0.1))
+    assert fp.convert(model, dropout=False) is model and type(model[0]) is stock
+    fp.convert(model)
+    assert [type(m) for m in model] == [fgplugin.Dropout, torch.nn.Dropout1d, MyDropout] and model[0].p == 0.3
+    try:
+        fp.patch(dropout=False)
+        assert torch.nn.Dropout is stock and pyg_nn.GCNConv is fp.GCNConv
+        fp.patch()
+        assert torch.nn.Dropout is fgplugin.Dropout
+        gnn = pyg_nn.models.GCN(8, 16, num_layers=2, dropout=0.5)  # builds torch.nn.Dropout(p=dropout)
+        assert type(gnn.dropout) is fgplugin.Dropout and all(type(c) is fp.GCNConv for c in gnn.convs)
+    finally:
+        fp.unpatch()
+    assert torch.nn.Dropout is stock and pyg_nn.GCNConv is not fp.GCNConv
+    gnn = pyg_nn.models.GCN(8, 16, num_layers=2, dropout=0.5)
+    assert type(fp.convert(gnn).dropout) is fgplugin.Dropout

@@ -1,18 +1,20 @@
 """``convert(model)``, ``patch()``, ``unpatch()``: put fgplugin's layers where DGL's were."""
 from __future__ import annotations
 
-from fgplugin._rebind import LayerRebinder
+from fgplugin._rebind import AdapterSwaps
 
 from .convs import GraphConv, SAGEConv, SGConv, dgl_conv
 
 #: stock DGL layer -> its fgplugin drop-in
 LAYERS = {dgl_conv.GraphConv: GraphConv, dgl_conv.SAGEConv: SAGEConv, dgl_conv.SGConv: SGConv}
 
-_rebinder = LayerRebinder(LAYERS)
+_swaps = AdapterSwaps(LAYERS)
 
-#: Swaps the stock layers of a model for fgplugin's, in place (see LayerRebinder.convert).
-convert = _rebinder.convert
-#: ``dgl.nn.GraphConv`` & co. become ours in every imported module.
-patch = _rebinder.patch
+#: Swaps the stock layers (and ``torch.nn.Dropout``) of a model for fgplugin's, in place
+#: (see AdapterSwaps.convert); ``convert(model, dropout=False)`` keeps torch's dropout.
+convert = _swaps.convert
+#: ``dgl.nn.GraphConv`` & co. and ``torch.nn.Dropout`` become ours in every imported module;
+#: ``patch(dropout=False)`` leaves dropout alone.
+patch = _swaps.patch
 #: Undoes :func:`patch`.
-unpatch = _rebinder.unpatch
+unpatch = _swaps.unpatch

@@ -1,7 +1,7 @@
 """``convert(model)``, ``patch()``, ``unpatch()``: put fgplugin's layers where PyG's were."""
 from __future__ import annotations
 
-from fgplugin._rebind import LayerRebinder
+from fgplugin._rebind import AdapterSwaps
 from torch_geometric.nn import conv as pyg_conv
 
 from .gcn_conv import GCNConv
@@ -13,11 +13,13 @@ from .sg_conv import SGConv
 LAYERS = {pyg_conv.GCNConv: GCNConv, pyg_conv.SAGEConv: SAGEConv, pyg_conv.SGConv: SGConv, pyg_conv.LGConv: LGConv}
 
 # PyG generates each layer class's propagate(); a converted layer needs the one of its new class.
-_rebinder = LayerRebinder(LAYERS, on_convert=lambda module: module._set_jittable_templates())
+_swaps = AdapterSwaps(LAYERS, on_convert=lambda module: module._set_jittable_templates())
 
-#: Swaps the stock layers of a model for fgplugin's, in place (see LayerRebinder.convert).
-convert = _rebinder.convert
-#: ``torch_geometric.nn.GCNConv`` & co. (also as bound by ``torch_geometric.nn.models``) become ours.
-patch = _rebinder.patch
+#: Swaps the stock layers (and ``torch.nn.Dropout``) of a model for fgplugin's, in place
+#: (see AdapterSwaps.convert); ``convert(model, dropout=False)`` keeps torch's dropout.
+convert = _swaps.convert
+#: ``torch_geometric.nn.GCNConv`` & co. (also as bound by ``torch_geometric.nn.models``) and
+#: ``torch.nn.Dropout`` become ours; ``patch(dropout=False)`` leaves dropout alone.
+patch = _swaps.patch
 #: Undoes :func:`patch`.
-unpatch = _rebinder.unpatch
+unpatch = _swaps.unpatch

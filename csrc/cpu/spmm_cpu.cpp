@@ -36,19 +36,7 @@
 #include <vector>
 
 #include "../spmm.h"
-
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-#define FGPLUGIN_X86_MULTIVERSION 1
-#define FGPLUGIN_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#else
-#define FGPLUGIN_X86_MULTIVERSION 0
-#endif
-
-#if defined(__GNUC__) || defined(__clang__)
-#define FGPLUGIN_ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define FGPLUGIN_ALWAYS_INLINE inline
-#endif
+#include "x86_multiversion.h"
 
 namespace fgplugin {
 namespace {
@@ -249,15 +237,6 @@ constexpr BlockTable<index_t> make_table(std::integer_sequence<int, Ws...>) {
 #endif
   return {{nullptr, &block_rows_base<Ws + 1, index_t>..., &block_rows_base<16, index_t>,
            &block_rows_base<32, index_t>, &block_rows_base<64, index_t>}};
-}
-
-bool cpu_has_avx2() {
-#if FGPLUGIN_X86_MULTIVERSION
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-#else
-  return false;
-#endif
 }
 
 template <typename index_t>

@@ -5,10 +5,13 @@ Every implementation computes ``conv2(dropout(relu(conv1(x))))`` with
 
 - ``fgplugin``: :class:`fgplugin.pyg.GCNConv` (what ``fgplugin.pyg.convert`` gives) on a
   :class:`fgplugin.TiledAdjacency`; like stock PyG it multiplies by W before aggregating;
-- ``fgplugin-kernels``: ``fgplugin`` with its two training-loop shortcuts switched off, so that
-  it runs every product the baselines run: the first layer aggregates its (constant) input
-  every step (fgplugin.input_cache) and the last layer's backward product reads every row of
-  its gradient (fgplugin.grad_rows). The kernels' share of the ``fgplugin`` row's gain;
+- ``fgplugin-kernels``: ``fgplugin`` with all it adds beyond its SpMM kernels switched off, so
+  that it runs every product and every op the baselines run: the first layer aggregates its
+  (constant) input every step (fgplugin.input_cache), the last layer's backward product reads
+  every row of its gradient (fgplugin.grad_rows), and dropout is torch's. The kernels' share of
+  the ``fgplugin`` row's gain;
+- ``fgplugin-torch-dropout``: ``fgplugin`` with torch's dropout (``convert(model, dropout=False)``),
+  which separates the gain of fgplugin's CPU dropout (fgplugin.parallel_dropout) from the rest;
 - ``fgplugin-dgl``: :class:`fgplugin.dgl.GraphConv` (what ``fgplugin.dgl.convert`` gives) on the
   same DGL graph as ``dgl``: DGL's order of operations, fgplugin's SpMM;
 - ``dgl``: stock ``dgl.nn.GraphConv(norm='both')`` on a DGL graph with self loops;
@@ -19,7 +22,9 @@ Every implementation computes ``conv2(dropout(relu(conv1(x))))`` with
   gives.
 
 Dropout sits between the layers only (as in DGL's GCN example), so the timed step is dominated by
-the layers, not by drawing a mask over a wide input. PyG and DGL are imported inside functions:
+the layers, not by drawing a mask over a wide input. It is a ``torch.nn.Dropout`` module, which
+``fgplugin.pyg.convert`` / ``fgplugin.dgl.convert`` swap for :class:`fgplugin.Dropout`: so the
+``fgplugin`` and ``fgplugin-dgl`` models have it (it is torch's dropout on GPUs). PyG and DGL are imported inside functions:
 importing this module needs neither.
 """
 from __future__ import annotations
@@ -31,15 +36,15 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 IMPLS = ("fgplugin", "dgl", "dgl-path", "cusparse-cached", "pyg-edge_index", "pyg-adj_t")
 # fgplugin variants (BENCHMARKS.md: fgplugin plus a suffix): fgplugin.dgl.GraphConv on the DGL graph, which keeps
 # DGL's order of operations (aggregate first when in_feats <= out_feats), so it pairs with `dgl`; and fgplugin
 # without the input cache and zero-row skipping (run_one switches them off).
-VARIANTS = ("fgplugin-dgl", "fgplugin-kernels")
-FGPLUGIN_PYG = ("fgplugin", "fgplugin-kernels")  # the same model
+VARIANTS = ("fgplugin-dgl", "fgplugin-kernels", "fgplugin-torch-dropout")
+FGPLUGIN_PYG = ("fgplugin", "fgplugin-kernels", "fgplugin-torch-dropout")  # the same convs
+FGPLUGIN_DROPOUT = ("fgplugin", "fgplugin-dgl")  # what convert() gives: fgplugin.Dropout
 
 
 class ImplUnavailable(RuntimeError):
@@ -71,14 +76,12 @@ def reference_weights(in_feats: int, hidden: int, out_feats: int, seed: int = 0,
 class GCN2(nn.Module):
     """``conv2(dropout(relu(conv1(x, g))), g)``; every conv is called as ``conv(x, g)``."""
 
-    def __init__(self, conv1: nn.Module, conv2: nn.Module, dropout: float = 0.5):
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, dropout: nn.Module):
         super().__init__()
         self.conv1, self.conv2, self.dropout = conv1, conv2, dropout
 
     def forward(self, x, g):
-        h = self.conv1(x, g).relu()
-        h = F.dropout(h, self.dropout, self.training)
-        return self.conv2(h, g)
+        return self.conv2(self.dropout(self.conv1(x, g).relu()), g)
 
 
 # ---------------------------------------------------------------- CSR helpers (torch only)
@@ -329,4 +332,8 @@ def build(impl: str, weights: Weights, edge_index: torch.Tensor, num_nodes: int,
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     setup = time.perf_counter() - start
-    return GCN2(*convs, dropout=dropout).to(device), graph, setup
+    if impl in FGPLUGIN_DROPOUT:
+        from fgplugin import Dropout
+    else:
+        Dropout = nn.Dropout
+    return GCN2(*convs, dropout=Dropout(dropout)).to(device), graph, setup

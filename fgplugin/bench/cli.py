@@ -34,8 +34,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--graphs", help="comma list: synthetic presets (tiny, small, reddit-like, ...) or ../shared/data "
                                      "names/paths (default depends on the suite and device)")
     ap.add_argument("--impls", help="comma list of fgplugin, dgl, dgl-path, cusparse-cached, pyg-edge_index, "
-                                    "pyg-adj_t, fgplugin-kernels, fgplugin-dgl (default: all that can run here, "
-                                    "fgplugin-dgl where DGL runs; "
+                                    "pyg-adj_t, fgplugin-kernels, fgplugin-dgl, fgplugin-torch-dropout (default: all "
+                                    "that can run here, fgplugin-dgl where DGL runs, fgplugin-torch-dropout on CPU; "
                                     "accuracy: pyg-edge_index,fgplugin)")
     ap.add_argument("--orders", default=None,
                     help="comma list: original and/or fgplugin.reorder methods, <method>-blockwise<parts> for "

@@ -46,13 +46,17 @@ SYNTHETIC_FEATURES = 128  # width of the seeded random features of graphs stored
 
 
 def default_impls(device) -> tuple:
-    """Every baseline (rows that cannot run say why), ``fgplugin-kernels``, and ``fgplugin-dgl``
-    where DGL runs."""
+    """Every baseline (rows that cannot run say why), ``fgplugin-kernels``, ``fgplugin-dgl`` where
+    DGL runs, and on CPU ``fgplugin-torch-dropout`` (on GPUs fgplugin's dropout is torch's)."""
+    variants = ("fgplugin-kernels",)
     try:
         baselines.require_dgl(torch.device(device))
+        variants += ("fgplugin-dgl",)
     except ImplUnavailable:
-        return IMPLS + ("fgplugin-kernels",)
-    return IMPLS + ("fgplugin-kernels", "fgplugin-dgl")
+        pass
+    if torch.device(device).type == "cpu":
+        variants += ("fgplugin-torch-dropout",)
+    return IMPLS + variants
 
 
 @dataclass

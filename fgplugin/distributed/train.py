@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .. import input_cache
+from .. import input_cache, parallel_dropout
 from ..ops import aggregate_padded_product, padded_width, spmm, transform_with_bias
 from ..tiling import TiledAdjacency
 from .context import RankFailureError, timeout_seconds
@@ -47,8 +47,9 @@ class DistGCN(nn.Module):
 
     Args:
         dims: feature widths, e.g. ``(in, hidden, classes)``.
-        dropout: dropout probability between layers. Masks are drawn per rank, so training with
-            ``dropout > 0`` is statistically, not bitwise, equal to single-process training.
+        dropout: dropout probability between layers (:func:`fgplugin.dropout`). Masks are drawn
+            per rank, so training with ``dropout > 0`` is statistically, not bitwise, equal to
+            single-process training.
     """
 
     def __init__(self, dims, dropout: float = 0.0, bias: bool = True):
@@ -65,7 +66,7 @@ class DistGCN(nn.Module):
         for i, w in enumerate(self.weights):
             bias = None if self.biases is None else self.biases[i]
             if i:
-                h = F.dropout(F.relu(h), self.dropout, self.training)
+                h = parallel_dropout.dropout(F.relu(h), self.dropout, self.training)
             elif (kept := self._kept_input_aggregation(graph, x)) is not None:
                 h = transform_with_bias(kept, w, bias)
                 continue
