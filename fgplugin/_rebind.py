@@ -7,14 +7,19 @@ from typing import Callable
 
 import torch
 
+from .parallel_dropout import Dropout
+
 
 class LayerRebinder:
     """``layers`` maps each stock layer class to its fgplugin drop-in; ``on_convert`` runs on each
-    module whose class :meth:`convert` changed (PyG regenerates its ``propagate`` there)."""
+    module whose class :meth:`convert` changed (PyG regenerates its ``propagate`` there);
+    :meth:`patch` rebinds names only in the modules whose name ``patches_module`` accepts (all)."""
 
-    def __init__(self, layers: dict[type, type], on_convert: Callable[[torch.nn.Module], None] | None = None):
+    def __init__(self, layers: dict[type, type], on_convert: Callable[[torch.nn.Module], None] | None = None,
+                 patches_module: Callable[[str], bool] = lambda name: True):
         self.layers = layers
         self.on_convert = on_convert
+        self.patches_module = patches_module
         self._patched: list[tuple[dict, str, type]] = []  # (module namespace, name, stock class)
 
     def convert(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -41,7 +46,8 @@ class LayerRebinder:
         stock_by_id = {id(stock): stock for stock in self.layers}  # id(): touches no attribute of odd objects
         for module in list(sys.modules.values()):
             namespace = getattr(module, "__dict__", None)
-            if not isinstance(namespace, dict) or str(namespace.get("__name__", "")).startswith("fgplugin"):
+            module_name = str(namespace.get("__name__", "")) if isinstance(namespace, dict) else ""
+            if not module_name or module_name.startswith("fgplugin") or not self.patches_module(module_name):
                 continue
             for name, value in list(namespace.items()):
                 stock = stock_by_id.get(id(value))
@@ -57,35 +63,65 @@ class LayerRebinder:
                 namespace[name] = stock
 
 
+def _outside_torch_internals(module_name: str) -> bool:
+    """``torch.nn`` (where scripts and PyG's BasicGNN look ``Dropout`` up) and every module outside
+    torch; not torch's own submodules (``torch.nn.modules.transformer`` & co.), which keep theirs."""
+    return module_name == "torch.nn" or not (module_name == "torch" or module_name.startswith("torch."))
+
+
+class _DropoutSwap:
+    """The one ``torch.nn.Dropout`` -> :class:`fgplugin.Dropout` swap both adapters share: patched
+    while at least one adapter's :meth:`AdapterSwaps.patch` asked for it and has not unpatched."""
+
+    def __init__(self):
+        # The stock class from its defining module, which patch() never rebinds: an adapter
+        # imported while the other one's patch is active must still see torch's class.
+        stock = torch.nn.modules.dropout.Dropout
+        self.rebinder = LayerRebinder({stock: Dropout}, patches_module=_outside_torch_internals)
+        self.holders: set[int] = set()  # id() of the AdapterSwaps that patched it
+
+    def patch(self, holder) -> None:
+        self.holders.add(id(holder))
+        self.rebinder.patch()
+
+    def unpatch(self, holder) -> None:
+        self.holders.discard(id(holder))
+        if not self.holders:
+            self.rebinder.unpatch()
+
+
+_DROPOUT_SWAP = _DropoutSwap()
+
+
 class AdapterSwaps:
     """An adapter's ``convert``, ``patch`` and ``unpatch``: its conv layers (``layers``), and
     ``torch.nn.Dropout`` -> :class:`fgplugin.Dropout` unless called with ``dropout=False``.
 
     The dropout swap is on by default because it changes no result's distribution, only its masks
     (fgplugin/parallel_dropout.py), and it is where a CPU step on few input features spends most
-    of its time; on GPUs :class:`fgplugin.Dropout` is torch's dropout.
+    of its time; on GPUs, and in compiled, scripted or ``torch.func``-transformed code,
+    :class:`fgplugin.Dropout` runs torch's dropout.
     """
 
     def __init__(self, layers: dict[type, type], on_convert: Callable[[torch.nn.Module], None] | None = None):
-        from .parallel_dropout import Dropout
-
         self.convs = LayerRebinder(layers, on_convert)
-        self.dropouts = LayerRebinder({torch.nn.Dropout: Dropout})
 
     def convert(self, model: torch.nn.Module, *, dropout: bool = True) -> torch.nn.Module:
         """Swaps ``model``'s stock layers (and ``torch.nn.Dropout`` modules if ``dropout``) for
         fgplugin's, in place, and returns ``model`` (see :meth:`LayerRebinder.convert`)."""
         self.convs.convert(model)
-        return self.dropouts.convert(model) if dropout else model
+        return _DROPOUT_SWAP.rebinder.convert(model) if dropout else model
 
     def patch(self, *, dropout: bool = True) -> None:
-        """Makes the stock names (and ``torch.nn.Dropout`` if ``dropout``) resolve to fgplugin's
-        classes in every imported module (see :meth:`LayerRebinder.patch`)."""
+        """Makes the stock names (and ``torch.nn.Dropout`` if ``dropout``: in ``torch.nn`` and
+        modules outside torch) resolve to fgplugin's classes in every imported module (see
+        :meth:`LayerRebinder.patch`)."""
         self.convs.patch()
         if dropout:
-            self.dropouts.patch()
+            _DROPOUT_SWAP.patch(self)
 
     def unpatch(self) -> None:
-        """Restores every name :meth:`patch` rebound."""
-        self.dropouts.unpatch()
+        """Restores every name :meth:`patch` rebound (the dropout swap stays while the other
+        adapter's patch holds it)."""
+        _DROPOUT_SWAP.unpatch(self)
         self.convs.unpatch()

@@ -371,3 +371,38 @@ def test_convert_and_patch():
     finally:
         fd.unpatch()
     assert torch.nn.Dropout is torch.nn.modules.dropout.Dropout
+
+
+_DROPOUT_SWAP_ORDER_SCRIPT = """
+import torch
+import fgplugin
+
+
+def stock():  # patch() rebinds module-level names that hold torch's class, a script's too
+    return torch.nn.modules.dropout.Dropout
+
+
+import fgplugin.pyg as fp
+fp.patch()
+import fgplugin.dgl as fd  # imported while PyG's patch holds torch.nn.Dropout
+assert type(fd.convert(torch.nn.Sequential(stock()(0.5)))[0]) is fgplugin.Dropout
+assert torch.nn.modules.transformer.Dropout is stock()  # torch's own modules keep theirs
+fd.patch()
+fp.unpatch()
+assert torch.nn.Dropout is fgplugin.Dropout  # DGL's patch still holds the swap
+fd.unpatch()
+assert torch.nn.Dropout is stock()
+fd.patch()
+assert torch.nn.Dropout is fgplugin.Dropout
+fd.unpatch()
+assert torch.nn.Dropout is stock()
+print("ok")
+"""
+
+
+def test_dropout_swap_is_shared_by_both_adapters_whatever_the_order():
+    pytest.importorskip("torch_geometric")
+    import subprocess
+    proc = subprocess.run([sys.executable, "-c", _DROPOUT_SWAP_ORDER_SCRIPT], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

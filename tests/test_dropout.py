@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounter
 
 import fgplugin
 from fgplugin import _extension
@@ -177,3 +178,53 @@ def test_cuda_uses_torch_dropout():
     expected = F.dropout(x, 0.5)
     torch.manual_seed(5)
     assert torch.equal(fgplugin.dropout(x, 0.5), expected)
+
+
+def _drop_rate(y: torch.Tensor) -> float:
+    return (y == 0).float().mean().item()
+
+
+def test_compiled_scripted_traced_and_exported_models_run_a_real_dropout():
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), fgplugin.Dropout(0.5))
+    x = torch.randn(256, 32)
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    for _ in range(10):  # more calls than dynamo's recompile limit (8)
+        y = compiled(x)
+    assert counter.frame_count == 1 and 0.4 < _drop_rate(y) < 0.6  # one graph: no recompile per seed
+    assert 0.4 < _drop_rate(torch.compile(model, fullgraph=True)(x)) < 0.6
+    assert 0.4 < _drop_rate(torch.jit.script(model)(x)) < 0.6
+    traced = torch.fx.symbolic_trace(model)  # dropout() is one node; the traced training flag stays
+    assert any(node.op == "call_function" and "dropout" in str(node.target) for node in traced.graph.nodes)
+    assert 0.4 < _drop_rate(traced(x)) < 0.6
+    exported = torch.export.export(model, (x,)).module()
+    assert 0.4 < _drop_rate(exported(x)) < 0.6
+    torch._dynamo.reset()
+
+
+def test_torch_func_and_forward_ad_get_torch_dropout():
+    x, tangent = torch.randn(20, 5), torch.randn(20, 5)
+    results = []
+    for fn in (lambda v: fgplugin.dropout(v, 0.5), lambda v: F.dropout(v, 0.5)):
+        torch.manual_seed(0)
+        out, out_tangent = torch.func.jvp(fn, (x,), (tangent,))
+        torch.manual_seed(0)
+        grad = torch.func.grad(lambda v: fn(v).sum())(x)
+        torch.manual_seed(0)
+        jac = torch.func.jacrev(fn)(x[:3])
+        with torch.autograd.forward_ad.dual_level():
+            torch.manual_seed(0)
+            dual_tangent = torch.autograd.forward_ad.unpack_dual(fn(torch.autograd.forward_ad.make_dual(x, tangent))).tangent
+        results.append((out, out_tangent, grad, jac, dual_tangent))
+    for ours, torchs in zip(*results):
+        assert torch.equal(ours, torchs)
+    assert results[0][1].count_nonzero() > 0  # a real tangent, not zeros
+
+
+def test_seed_comes_from_the_cpu_generator_whatever_the_default_device():
+    x = torch.rand(64, 64) + 1
+    torch.manual_seed(11)
+    expected = fgplugin.dropout(x, 0.5)
+    with torch.device("meta"):
+        torch.manual_seed(11)
+        assert torch.equal(fgplugin.dropout(x, 0.5), expected)

@@ -2,9 +2,9 @@
 //
 // Why fgplugin has its own: PyTorch draws dropout's mask on CPU with bernoulli_, which uses MKL's
 // parallel generator only on Intel CPUs and otherwise (AMD) one serial mt19937 stream, and then
-// applies it in two more passes. On the 2-core AMD EPYC machine F.dropout took 12 ms for an
-// 11758 x 64 input, more than the rest of a GCN training step on tolokers
-// (benchmarks/results/cpu/step_profile.json).
+// applies it in two more passes. On the 2-core AMD EPYC machine F.dropout took 10.4 ms for an
+// 11758 x 64 input on 2 threads (its bernoulli_ was 10.2 of a 17.8 ms GCN training step on
+// tolokers: benchmarks/results/cpu/step_profile.json); this kernel takes 0.61 ms.
 //
 // The draw: element i of chunk c = i / CHUNK is kept iff the (i mod CHUNK)-th 32-bit output of the
 // Philox4x32-10 stream (key = seed, subsequence = c) is below (1 - p) * 2^32; this is the stream
@@ -35,12 +35,12 @@ constexpr int LANES = 8;                // Philox blocks computed side by side
 constexpr uint32_t MUL_A = 0xD2511F53, MUL_B = 0xCD9E8D57;
 constexpr uint32_t KEY_A = 0x9E3779B9, KEY_B = 0xBB67AE85;
 
-// words[4 * b + w] = word w of Philox block (counter = first_block + b, subsequence) for
-// b < CHUNK / 4: the whole chunk's stream.
-FGPLUGIN_ALWAYS_INLINE void philox_chunk_impl(uint64_t seed, uint64_t subsequence, uint32_t* words) {
+// words[4 * b + w] = word w of Philox block (counter = b, subsequence) for the first
+// `blocks` blocks of the chunk's stream (a multiple of LANES, at most CHUNK / 4).
+FGPLUGIN_ALWAYS_INLINE void philox_chunk_impl(uint64_t seed, uint64_t subsequence, uint32_t blocks, uint32_t* words) {
   const uint32_t key0 = static_cast<uint32_t>(seed), key1 = static_cast<uint32_t>(seed >> 32);
   const uint32_t sub0 = static_cast<uint32_t>(subsequence), sub1 = static_cast<uint32_t>(subsequence >> 32);
-  for (uint32_t block = 0; block < CHUNK / 4; block += LANES) {
+  for (uint32_t block = 0; block < blocks; block += LANES) {
     uint32_t x0[LANES], x1[LANES], x2[LANES], x3[LANES];
     for (int l = 0; l < LANES; ++l) {
       x0[l] = block + l;
@@ -73,17 +73,17 @@ FGPLUGIN_ALWAYS_INLINE void philox_chunk_impl(uint64_t seed, uint64_t subsequenc
   }
 }
 
-void philox_chunk_base(uint64_t seed, uint64_t subsequence, uint32_t* words) {
-  philox_chunk_impl(seed, subsequence, words);
+void philox_chunk_base(uint64_t seed, uint64_t subsequence, uint32_t blocks, uint32_t* words) {
+  philox_chunk_impl(seed, subsequence, blocks, words);
 }
 
 #if FGPLUGIN_X86_MULTIVERSION
-FGPLUGIN_TARGET_AVX2 void philox_chunk_avx2(uint64_t seed, uint64_t subsequence, uint32_t* words) {
-  philox_chunk_impl(seed, subsequence, words);
+FGPLUGIN_TARGET_AVX2 void philox_chunk_avx2(uint64_t seed, uint64_t subsequence, uint32_t blocks, uint32_t* words) {
+  philox_chunk_impl(seed, subsequence, blocks, words);
 }
 #endif
 
-using PhiloxChunkFn = void (*)(uint64_t, uint64_t, uint32_t*);
+using PhiloxChunkFn = void (*)(uint64_t, uint64_t, uint32_t, uint32_t*);
 
 PhiloxChunkFn philox_chunk() {
 #if FGPLUGIN_X86_MULTIVERSION
@@ -129,9 +129,11 @@ at::Tensor dropout_cpu(const at::Tensor& x, double p, int64_t seed) {
     at::parallel_for(0, chunks, CHUNKS_PER_TASK, [&](int64_t first, int64_t last) {
       alignas(64) uint32_t words[CHUNK];
       for (int64_t c = first; c < last; ++c) {
-        fill(static_cast<uint64_t>(seed), static_cast<uint64_t>(c), words);
-        const int64_t begin = c * CHUNK;
-        apply_chunk<scalar_t>(src + begin, dst + begin, words, std::min(n, begin + CHUNK) - begin, keep_last, scale);
+        const int64_t begin = c * CHUNK, len = std::min(n, begin + CHUNK) - begin;
+        // Only the blocks this chunk uses: a small tensor does not pay for a whole chunk's stream.
+        const int64_t blocks = (len + 4 * LANES - 1) / (4 * LANES) * LANES;
+        fill(static_cast<uint64_t>(seed), static_cast<uint64_t>(c), static_cast<uint32_t>(blocks), words);
+        apply_chunk<scalar_t>(src + begin, dst + begin, words, len, keep_last, scale);
       }
     });
   });

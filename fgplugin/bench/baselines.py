@@ -40,8 +40,9 @@ from torch import nn
 
 IMPLS = ("fgplugin", "dgl", "dgl-path", "cusparse-cached", "pyg-edge_index", "pyg-adj_t")
 # fgplugin variants (BENCHMARKS.md: fgplugin plus a suffix): fgplugin.dgl.GraphConv on the DGL graph, which keeps
-# DGL's order of operations (aggregate first when in_feats <= out_feats), so it pairs with `dgl`; and fgplugin
-# without the input cache and zero-row skipping (run_one switches them off).
+# DGL's order of operations (aggregate first when in_feats <= out_feats), so it pairs with `dgl`; fgplugin
+# without the input cache and zero-row skipping (run_one switches them off) and with torch's dropout; and
+# fgplugin with torch's dropout only.
 VARIANTS = ("fgplugin-dgl", "fgplugin-kernels", "fgplugin-torch-dropout")
 FGPLUGIN_PYG = ("fgplugin", "fgplugin-kernels", "fgplugin-torch-dropout")  # the same convs
 FGPLUGIN_DROPOUT = ("fgplugin", "fgplugin-dgl")  # what convert() gives: fgplugin.Dropout
