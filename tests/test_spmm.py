@@ -247,3 +247,21 @@ def test_aggregate_padded_product_matches_the_unpadded_one(device, with_bias):
     assert rel_error(got, want) <= 1e-6
     for a, e in zip(got_grads, want_grads):
         assert rel_error(a, e) <= 1e-6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the pad_columns kernel is CUDA-only; no GPU here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("rows, cols, width", [(1000, 47, 48), (333, 5, 8), (77, 5, 7), (50, 16, 16), (0, 3, 8)])
+def test_pad_columns_kernel(dtype, rows, cols, width):
+    """[x, 0] exactly as torch.cat builds it: whole 16-byte output rows (vector stores) and not."""
+    x = torch.randn(rows, cols, device="cuda").to(dtype)
+    x[::7] = float("nan")  # values move bit for bit, NaN included
+    want = torch.cat([x, x.new_zeros(rows, width - cols)], dim=1)
+    got = torch.ops.fgplugin.pad_columns(x, width)
+    assert got.shape == want.shape and got.dtype == dtype and torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    wide = torch.randn(rows, 2 * cols, device="cuda").to(dtype)[:, ::2]  # a non-contiguous input
+    assert torch.equal(torch.ops.fgplugin.pad_columns(wide, width),
+                       torch.cat([wide, wide.new_zeros(rows, width - cols)], dim=1))
+    with pytest.raises(RuntimeError, match="width 2 is below x's"):
+        torch.ops.fgplugin.pad_columns(torch.zeros(4, 3, device="cuda", dtype=dtype), 2)

@@ -59,6 +59,20 @@ at::Tensor nonzero_rows_cuda(const at::Tensor& x_in) {
   return out;
 }
 
+// [x, 0]: x [n, c] with zero columns up to width >= c (fgplugin/ops.py, _CutColumns).
+at::Tensor pad_columns_cuda(const at::Tensor& x_in, int64_t width) {
+  TORCH_CHECK(x_in.dim() == 2 && at::isFloatingType(x_in.scalar_type()),
+              "fgplugin.pad_columns: x must be a 2-D floating-point tensor, got ", x_in.scalar_type(), " of shape ",
+              dims(x_in.sizes()));
+  TORCH_CHECK(width >= x_in.size(1), "fgplugin.pad_columns: width " + num(width) + " is below x's " +
+                                         num(x_in.size(1)) + " columns");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty({x.size(0), width}, x.options());
+  C10_CUDA_CHECK(launch_pad_columns(x, out));
+  return out;
+}
+
 // 90 when unit-weight dense tiles on CUDA device `device` run on the wgmma kernel, 80 when on the
 // mma.sync one (tests and benchmark records ask; see dense_sm90_usable).
 int64_t dense_tile_arch(int64_t device) {
@@ -70,14 +84,17 @@ int64_t dense_tile_arch(int64_t device) {
 }  // namespace fgplugin
 
 // CUDA builds only (a CPU build has no such ops): dense_tile_arch has no tensor arguments, so no
-// dispatch key; nonzero_rows runs on CUDA only (on the CPU, torch's own reduction is fast enough).
+// dispatch key; nonzero_rows and pad_columns run on CUDA only (on the CPU, torch's own ops are fast
+// enough).
 TORCH_LIBRARY_FRAGMENT(fgplugin, m) {
   m.def("dense_tile_arch(int device) -> int", &fgplugin::dense_tile_arch);
   m.def("nonzero_rows(Tensor x) -> Tensor");
+  m.def("pad_columns(Tensor x, int width) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fgplugin, CUDA, m) {
   m.impl("spmm", &fgplugin::spmm_cuda);
   m.impl("sddmm", &fgplugin::sddmm_cuda);
   m.impl("nonzero_rows", &fgplugin::nonzero_rows_cuda);
+  m.impl("pad_columns", &fgplugin::pad_columns_cuda);
 }
