@@ -37,7 +37,11 @@ constexpr uint32_t KEY_A = 0x9E3779B9, KEY_B = 0xBB67AE85;
 
 // words[4 * b + w] = word w of Philox block (counter = b, subsequence) for the first
 // `blocks` blocks of the chunk's stream (a multiple of LANES, at most CHUNK / 4).
-FGPLUGIN_ALWAYS_INLINE void philox_chunk_impl(uint64_t seed, uint64_t subsequence, uint32_t blocks, uint32_t* words) {
+template <bool kWholeChunk>
+FGPLUGIN_ALWAYS_INLINE void philox_blocks(uint64_t seed, uint64_t subsequence, uint32_t blocks, uint32_t* words) {
+  // A whole chunk's loop has a constant trip count, which GCC vectorizes across blocks (2x faster
+  // than with the runtime bound; measured on the 2-core EPYC, 11758 x 64: 1.24 vs 2.50 ms, 1 thread).
+  if constexpr (kWholeChunk) blocks = CHUNK / 4;
   const uint32_t key0 = static_cast<uint32_t>(seed), key1 = static_cast<uint32_t>(seed >> 32);
   const uint32_t sub0 = static_cast<uint32_t>(subsequence), sub1 = static_cast<uint32_t>(subsequence >> 32);
   for (uint32_t block = 0; block < blocks; block += LANES) {
@@ -70,6 +74,14 @@ FGPLUGIN_ALWAYS_INLINE void philox_chunk_impl(uint64_t seed, uint64_t subsequenc
       out[2] = x2[l];
       out[3] = x3[l];
     }
+  }
+}
+
+FGPLUGIN_ALWAYS_INLINE void philox_chunk_impl(uint64_t seed, uint64_t subsequence, uint32_t blocks, uint32_t* words) {
+  if (blocks == CHUNK / 4) {
+    philox_blocks<true>(seed, subsequence, blocks, words);
+  } else {
+    philox_blocks<false>(seed, subsequence, blocks, words);
   }
 }
 
