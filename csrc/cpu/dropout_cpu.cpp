@@ -2,9 +2,10 @@
 //
 // Why fgplugin has its own: PyTorch draws dropout's mask on CPU with bernoulli_, which uses MKL's
 // parallel generator only on Intel CPUs and otherwise (AMD) one serial mt19937 stream, and then
-// applies it in two more passes. On the 2-core AMD EPYC machine F.dropout took 10.4 ms for an
+// applies it in two more passes. On the 2-core AMD EPYC machine F.dropout took 9.5 ms for an
 // 11758 x 64 input on 2 threads (its bernoulli_ was 10.2 of a 17.8 ms GCN training step on
-// tolokers: benchmarks/results/cpu/step_profile.json); this kernel takes 0.61 ms.
+// tolokers: benchmarks/results/cpu/step_profile.json); this kernel takes 0.71 ms
+// (benchmarks/results/cpu/dropout.json, benchmarks/dropout_cpu.py).
 //
 // The draw: element i of chunk c = i / CHUNK is kept iff the (i mod CHUNK)-th 32-bit output of the
 // Philox4x32-10 stream (key = seed, subsequence = c) is below (1 - p) * 2^32; this is the stream
