@@ -69,7 +69,7 @@ STALE_USES = 4
 # at 2**22.
 MIN_WORK = {"cuda": 1 << 28, "cpu": 1 << 22}
 _enabled = os.environ.get("FGPLUGIN_SKIP_ZERO_ROWS", "1") != "0"
-# col of a restricted CSR (A^T's in the backward pass) -> its _Restriction; entries go with the
+# col of a restricted CSR (A^T's in the backward pass) -> its KeptSets of _Kept; entries go with the
 # structure they restrict.
 _restrictions: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _total_build_s = 0.0
@@ -100,27 +100,47 @@ class _Kept:
 
 
 @dataclass
-class _Restriction:
-    """The restrictions kept for one structure (most recently used first) and how they fared."""
+class KeptSets:
+    """What was built for sets of live rows (items with a ``last_use``), most recently used first,
+    and how it fared; the rules the restrictions here and the distributed exchange
+    (:mod:`fgplugin.distributed.live_rows`) both follow: at most ``max_kept`` (default
+    :data:`MAX_KEPT`, read at each use), one that none of the last :data:`STALE_USES` uses touched
+    is dropped, and ``misses`` counts new sets in a row."""
 
+    max_kept: int | None = None
     kept: list = field(default_factory=list)
-    uses: int = 0  # restricted products run
-    misses: int = 0  # new row sets in a row
+    uses: int = 0
+    misses: int = 0
     builds: int = 0
     hits: int = 0
-    build_s: float = 0.0  # time spent building restrictions and their plans
+    build_s: float = 0.0  # time spent building (timed_build)
+
+    def record(self, item, built: bool) -> None:
+        """Counts a use of ``item`` (a kept one, or one just built) and moves it to the front."""
+        if built:
+            self.misses = self.misses + 1 if self.kept else 0
+            self.builds += 1
+            del self.kept[(MAX_KEPT if self.max_kept is None else self.max_kept) - 1:]  # least recently used go
+        else:
+            self.hits += 1
+            self.misses = 0
+            self.kept.remove(item)
+        self.kept.insert(0, item)
+        self.uses += 1
+        item.last_use = self.uses
+        self.kept = [k for k in self.kept if self.uses - k.last_use < STALE_USES]
+
+    def counts(self) -> dict:
+        return {"builds": self.builds, "hits": self.hits, "misses": self.misses, "kept": len(self.kept),
+                "build_s": self.build_s}
 
 
 def stats(col: torch.Tensor) -> dict:
     """How the structure with column array ``col`` (``A^T``'s in the backward pass of
     :func:`fgplugin.spmm`) fared: builds, hits, misses, restrictions kept, and the live rows of
     the one used last (for tests and benchmarks)."""
-    entry = _restrictions.get(col)
-    if entry is None:
-        return {"builds": 0, "hits": 0, "misses": 0, "kept": 0, "live_rows": None, "build_s": 0.0}
-    live_rows = int(entry.kept[0].live.sum()) if entry.kept else None
-    return {"builds": entry.builds, "hits": entry.hits, "misses": entry.misses, "kept": len(entry.kept),
-            "live_rows": live_rows, "build_s": entry.build_s}
+    entry = _restrictions.get(col, KeptSets())
+    return {**entry.counts(), "live_rows": int(entry.kept[0].live.sum()) if entry.kept else None}
 
 
 def total_build_s() -> float:
@@ -165,14 +185,14 @@ def restricted(rowptr, col, values, live: torch.Tensor, full_plan: list):
     return _restricted(entry, rowptr, col, values, live, full_plan, _match(entry, live), -1)
 
 
-def _entry(col: torch.Tensor) -> _Restriction:
+def _entry(col: torch.Tensor) -> KeptSets:
     entry = _restrictions.get(col)
     if entry is None:
-        entry = _restrictions[col] = _Restriction()
+        entry = _restrictions[col] = KeptSets()
     return entry
 
 
-def _match(entry: _Restriction, live: torch.Tensor, width: int = -1) -> _Kept | None:
+def _match(entry: KeptSets, live: torch.Tensor, width: int = -1) -> _Kept | None:
     """The kept restriction for the mask ``live``, or ``None``; those last used with a gradient
     of ``width`` columns are compared first (one host sync per comparison)."""
     for kept in sorted(entry.kept, key=lambda k: k.width != width):
@@ -181,21 +201,12 @@ def _match(entry: _Restriction, live: torch.Tensor, width: int = -1) -> _Kept | 
     return None
 
 
-def _restricted(entry: _Restriction, rowptr, col, values, live, full_plan, kept: _Kept | None, width: int):
-    if kept is not None:
-        entry.hits += 1
-        entry.misses = 0
-        entry.kept.remove(kept)
-    else:
+def _restricted(entry: KeptSets, rowptr, col, values, live, full_plan, kept: _Kept | None, width: int):
+    built = kept is None
+    if built:
         with timed_build(entry, live.device):
             kept = _Kept(live, *restrict_columns(rowptr, col, live))
-        entry.misses = entry.misses + 1 if entry.kept else 0
-        entry.builds += 1
-        del entry.kept[MAX_KEPT - 1:]  # the least recently used go
-    entry.kept.insert(0, kept)
-    entry.uses += 1
-    kept.last_use = entry.uses
-    entry.kept = [k for k in entry.kept if entry.uses - k.last_use < STALE_USES]
+    entry.record(kept, built)
     if width >= 0:
         kept.width = width
     weighted = values is not None

@@ -66,13 +66,12 @@ class Compaction:
     recv_rows: int                     # rows of the compact receive buffer
     remote: tuple | None = None        # (rowptr, col, col_scale or None) of the remote block over it
     plans: dict = field(default_factory=dict)  # block-adaptive or not -> kernel plan of ``remote``
-    last_use: int = 0                  # the exchange's use count when it was last used
+    last_use: int = 0                  # the exchange's use count when it was last used (KeptSets)
 
 
 class LiveRowExchange:
-    """Per :class:`~fgplugin.distributed.ShardedGraph`: the kept :class:`Compaction` s (up to
-    ``grad_rows.MAX_KEPT``, most recently used first, the same list on every rank) and their
-    statistics (``builds``, ``hits``, ``misses``, ``build_s``).
+    """Per :class:`~fgplugin.distributed.ShardedGraph`: the kept :class:`Compaction` s and their
+    statistics (``sets``: :class:`fgplugin.grad_rows.KeptSets`, the same list on every rank).
 
     The thresholds are those of :mod:`fgplugin.grad_rows` when the graph was built;
     :meth:`settings` goes into the graph's fingerprint, so ranks with different ones refuse to
@@ -81,12 +80,9 @@ class LiveRowExchange:
     def __init__(self, device: torch.device):
         # No reference to the graph (it owns this object): a cycle would leave the graph's
         # tensors to the garbage collector, at interpreter exit after torch.distributed's teardown.
-        self.min_work, self.max_live_fraction, self.max_misses, self.max_kept = self.settings(device)
-        self.kept: list[Compaction] = []
-        self.uses = 0  # compact exchanges run
-        self.builds = self.hits = self.misses = 0
+        self.min_work, self.max_live_fraction, self.max_misses, max_kept = self.settings(device)
+        self.sets = grad_rows.KeptSets(max_kept=max_kept)  # of Compaction, per compact exchange run
         self.dense = 0  # gradients in a row with too many live rows
-        self.build_s = 0.0
 
     @staticmethod
     def settings(device: torch.device) -> tuple:
@@ -95,9 +91,8 @@ class LiveRowExchange:
                 grad_rows.MAX_MISSES, grad_rows.MAX_KEPT)
 
     def stats(self) -> dict:
-        live = sum(self.kept[0].counts) if self.kept else None
-        return {"builds": self.builds, "hits": self.hits, "misses": self.misses, "kept": len(self.kept),
-                "live_rows": live, "build_s": self.build_s}
+        kept = self.sets.kept
+        return {**self.sets.counts(), "live_rows": sum(kept[0].counts) if kept else None}
 
     def _eligible(self, g, features: int) -> bool:
         """The checks that need no communication; the same answer on every rank (the counters
@@ -105,7 +100,7 @@ class LiveRowExchange:
         gradients, in a row the graph stops trying: no collective, no sync."""
         share = g.num_edges // g.ctx.num_blocks  # a rank's share of the work, the same on every rank
         return (g.symmetric and g.ctx.num_blocks > 1 and features > 0 and not torch.is_grad_enabled()
-                and self.misses < self.max_misses and self.dense < self.max_misses
+                and self.sets.misses < self.max_misses and self.dense < self.max_misses
                 and share * features >= self.min_work)
 
     def prepare(self, graph, grad: torch.Tensor) -> Compaction | None:
@@ -116,7 +111,7 @@ class LiveRowExchange:
         ctx = graph.ctx
         live = grad_rows.nonzero_rows(grad)
         # Which kept compactions this rank's rows match (a bit each); every rank must match one.
-        matches = sum(1 << i for i, kept in enumerate(self.kept) if torch.equal(live, kept.live))
+        matches = sum(1 << i for i, kept in enumerate(self.sets.kept) if torch.equal(live, kept.live))
         mine = torch.tensor([0, matches, int(grad_rows.row_skipping_enabled())], dtype=torch.long, device=grad.device)
         mine[0] = live.sum()  # stays on the device: no host sync of its own
         with graph.region("comm"):
@@ -130,24 +125,17 @@ class LiveRowExchange:
         self.dense = 0
         common = functools.reduce(operator.and_, (row[1] for row in info))
         if common:
-            kept = self.kept.pop((common & -common).bit_length() - 1)  # the lowest common one
-            self.hits += 1
-            self.misses = 0
+            kept = self.sets.kept[(common & -common).bit_length() - 1]  # the lowest common one
         else:
-            self.misses = self.misses + 1 if self.kept else 0
             idx = live.nonzero().squeeze(1)
             padded = torch.full((max(counts),), -1, dtype=torch.long, device=grad.device)
             padded[:idx.numel()] = idx
             with graph.region("comm"):
                 ids = _gather(padded, ctx)
-            with grad_rows.timed_build(self, grad.device):
+            with grad_rows.timed_build(self.sets, grad.device):
                 kept = self._build(graph, live, idx, counts, ids)
-            self.builds += 1
-            del self.kept[self.max_kept - 1:]  # the least recently used go
-        self.kept.insert(0, kept)
-        self.uses += 1
-        kept.last_use = self.uses  # the same count on every rank, so ranks drop the same ones
-        self.kept = [k for k in self.kept if self.uses - k.last_use < grad_rows.STALE_USES]
+        # Every rank records the same uses in the same order, so the ranks keep and drop the same.
+        self.sets.record(kept, built=not common)
         return kept
 
     @staticmethod
