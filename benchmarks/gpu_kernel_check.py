@@ -209,6 +209,25 @@ def sanitize_section() -> int:
         x = torch.randn(a.shape[1], 16, device="cuda", requires_grad=True)
         fgplugin.spmm(a, x, *a.norm("gcn") if a.is_square else ()).sum().backward()
         torch.cuda.synchronize()
+        # sddmm (edge-weight gradients): per-edge dot products against float64
+        ga, gb = torch.randn(a.shape[0], 24, device="cuda"), torch.randn(a.shape[1], 24, device="cuda")
+        rows = torch.repeat_interleave(torch.arange(a.shape[0], device="cuda"), a.rowptr.diff().long())
+        ref = (ga.double()[rows] * gb.double()[a.col.long()]).sum(1)
+        got = torch.ops.fgplugin.sddmm.default(a.rowptr, a.col, ga, gb).double()
+        ck.record(f"{case.name} sddmm", float((got - ref).norm() / ref.norm()), TOL["fp32"])
+    # the backward pass's two helpers, against torch (bitwise): nonzero rows of a gradient, and a
+    # gradient padded with zero columns (vector and element stores, a strided input, no rows)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        for n, F in ((0, 8), (37, 47), (300, 8), (129, 130)):
+            g = torch.randn(n, F, device="cuda").to(dtype) * (torch.rand(n, 1, device="cuda") < 0.3)
+            ck.record(f"nonzero_rows {dtype} {n}x{F}",
+                      0.0 if torch.equal(torch.ops.fgplugin.nonzero_rows.default(g), g.ne(0).any(1)) else 1.0, 0.0)
+            for src in (g, g.t().contiguous().t()):
+                want = torch.cat([src, src.new_zeros(n, 1)], 1)
+                got = torch.ops.fgplugin.pad_columns.default(src, F + 1)
+                ck.record(f"pad_columns {dtype} {n}x{F} contiguous={src.is_contiguous()}",
+                          0.0 if torch.equal(got, want) else 1.0, 0.0)
+    torch.cuda.synchronize()
     for what, err, tol, extra in ck.failures:
         log(f"  FAIL {what}: {err:.2e} > {tol:.0e} {extra}")
     log(f"[sanitize] {ck.count} runs, {len(ck.failures)} failures")
