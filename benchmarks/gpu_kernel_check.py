@@ -366,15 +366,17 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
     for thr in FIXED.values():  # built first, so the auto probe reuses them
         if any(i in impls for i in FIXED) or "fgplugin" in impls:
             plan_of(thr)
-    auto_thr, probe_s = None, None
+    # threshold="auto" probes once per dtype class (fp32 / 16-bit), as fgplugin.spmm does for x's dtype
+    auto_thr, probe_s = {}, {}
     if "fgplugin" in impls:
-        t0 = time.time()
-        set_precision("fp32")
-        auto_thr = choose_threshold(adj, torch.empty(0, 128, device="cuda"))
-        probe_s = time.time() - t0
-        probe = adj._shared.get(auto_threshold_key(adj, torch.float32) + ("probe",), {})
-        log(f"  auto threshold {auto_thr} (probe {probe_s:.2f} s; ms per candidate: "
-            f"{ {k: round(v, 3) for k, v in probe.items()} })")
+        for cls, dtype in (("fp32", torch.float32), ("16bit", torch.bfloat16)):
+            t0 = time.time()
+            set_precision("fp32")
+            auto_thr[cls] = choose_threshold(adj, torch.empty(0, 128, device="cuda", dtype=dtype))
+            probe_s[cls] = time.time() - t0
+            probe = adj._shared.get(auto_threshold_key(adj, dtype) + ("probe",), {})
+            log(f"  auto threshold ({cls}) {auto_thr[cls]} (probe {probe_s[cls]:.2f} s; ms per candidate: "
+                f"{ {k: round(v, 3) for k, v in probe.items()} })")
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     sample_rows = torch.randperm(run.n, device="cuda", generator=gen)[:512]
@@ -400,7 +402,8 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
                     continue
                 if F != 128 and impl not in ("fgplugin", "fgplugin-nodense", "cusparse-cached"):
                     continue
-                thr = {"fgplugin": auto_thr, "fgplugin-nodense": 1.0, **FIXED}.get(impl)
+                cls = "fp32" if dtype == torch.float32 else "16bit"
+                thr = {"fgplugin": auto_thr.get(cls), "fgplugin-nodense": 1.0, **FIXED}.get(impl)
                 for which in ("spmm_fwd", "spmm_bwd"):
                     row = {**meta, "impl": impl, "op": which, "F": F, "precision": prec, "ms_median": None,
                            "ms_min": None, "ms_max": None, "floor_ms": round(floor_ms, 5), "peak_mem_bytes": None,
@@ -447,12 +450,12 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
                         row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
                     finally:
                         set_precision("fp32")
-                    if impl == "fgplugin" and probe_s is not None:
-                        row["auto_probe_s"] = round(probe_s, 3)
+                    if impl == "fgplugin" and cls in probe_s:
+                        row["auto_probe_s"] = round(probe_s[cls], 3)
                     rows_out.append(row)
                     if F == 128 and prec == "fp32" and impl in ("fgplugin", *FIXED):
                         threshold_rows.append({**row, "threshold": "auto" if impl == "fgplugin" else thr,
-                                               "auto_choice": auto_thr})
+                                               "auto_choice": auto_thr.get("fp32")})
             del xs
     plans.clear()
     for key in [k for k in adj._shared if isinstance(k, tuple) and k and k[0] == "kernel_plan"]:
