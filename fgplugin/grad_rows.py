@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -209,16 +209,25 @@ def _restricted(entry: KeptSets, rowptr, col, values, live, full_plan, kept: _Ke
     entry.record(kept, built)
     if width >= 0:
         kept.width = width
-    weighted = values is not None
-    key = (weighted, bool(full_plan))  # the full product's kernel (a float64 call runs the plain one)
-    plan = kept.plans.get(key)
-    if plan is None:
-        with timed_build(entry, live.device):
-            shape = (rowptr.numel() - 1, live.numel())
-            plan = build_plan(kept.rowptr, kept.col, shape, threshold=1.0, weighted=weighted) if full_plan else []
-            kept.plans[key] = plan
+    # the full product's kernel (a float64 call runs the plain one)
+    plan = restriction_plan(kept.plans, kept.rowptr, kept.col, (rowptr.numel() - 1, live.numel()),
+                            weighted=values is not None, block_adaptive=bool(full_plan), timed_by=entry)
     kept_values = None if values is None else values.index_select(0, kept.keep)
     return kept.rowptr, kept.col, kept_values, plan
+
+
+def restriction_plan(plans: dict, rowptr, col, shape, *, weighted: bool, block_adaptive: bool,
+                     timed_by=None) -> list:
+    """The kernel plan of a restricted CSR, built once and kept in ``plans``: every entry in the
+    remainder pass (leaving out most columns leaves few tiles dense), or ``[]`` for the plain
+    kernels. A build is timed into ``timed_by`` (see :func:`timed_build`) when given."""
+    key = (weighted, block_adaptive)
+    plan = plans.get(key)
+    if plan is None:
+        with timed_build(timed_by, col.device) if timed_by is not None else nullcontext():
+            plan = build_plan(rowptr, col, shape, threshold=1.0, weighted=weighted) if block_adaptive else []
+        plans[key] = plan
+    return plan
 
 
 @contextmanager

@@ -334,7 +334,7 @@ def build(impl: str, weights: Weights, edge_index: torch.Tensor, num_nodes: int,
         torch.cuda.synchronize(device)
     setup = time.perf_counter() - start
     if impl in FGPLUGIN_DROPOUT:
-        from fgplugin import Dropout
+        from fgplugin import Dropout as dropout_cls
     else:
-        Dropout = nn.Dropout
-    return GCN2(*convs, dropout=Dropout(dropout)).to(device), graph, setup
+        dropout_cls = nn.Dropout
+    return GCN2(*convs, dropout=dropout_cls(dropout)).to(device), graph, setup

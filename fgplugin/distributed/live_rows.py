@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from .. import grad_rows
 from .._csr import aux_dtype_for
-from ..kernel_plan import block_adaptive_available, build_plan
+from ..kernel_plan import block_adaptive_available
 from ..ops import csr_product, spmm_skipping_zero_rows
 from .context import all_gather_into
 
@@ -65,7 +65,7 @@ class Compaction:
     stride: int | None                 # 1D broadcast: rows of each rank's slot of the all-gather
     recv_rows: int                     # rows of the compact receive buffer
     remote: tuple | None = None        # (rowptr, col, col_scale or None) of the remote block over it
-    plans: dict = field(default_factory=dict)  # block-adaptive or not -> kernel plan of ``remote``
+    plans: dict = field(default_factory=dict)  # kernel plans of ``remote`` (grad_rows.restriction_plan)
     last_use: int = 0                  # the exchange's use count when it was last used (KeptSets)
 
 
@@ -236,12 +236,8 @@ def compact_product(graph, h: torch.Tensor, compaction: Compaction) -> torch.Ten
 
 def _remote_product(graph, compaction: Compaction, recv: torch.Tensor) -> torch.Tensor:
     rowptr, col, col_scale = compaction.remote
-    adaptive = block_adaptive_available(recv)
-    plan = compaction.plans.get(adaptive)
-    if plan is None:
-        # Every entry in the remainder pass: with most columns left out few tiles stay dense.
-        shape = (rowptr.numel() - 1, compaction.recv_rows)
-        plan = compaction.plans[adaptive] = build_plan(rowptr, col, shape, threshold=1.0) if adaptive else []
+    plan = grad_rows.restriction_plan(compaction.plans, rowptr, col, (rowptr.numel() - 1, compaction.recv_rows),
+                                      weighted=False, block_adaptive=block_adaptive_available(recv))
     aux = aux_dtype_for(recv.dtype)
     row_scale = None if graph.row_scale is None else graph.row_scale.to(aux)
     col_scale = None if col_scale is None else col_scale.to(aux)
