@@ -84,6 +84,7 @@ def main():
     ap.add_argument("--graphs", nargs="+", default=["products-like:1.0", "reddit-like:0.05"])
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--variants", nargs="+", help="W:KB:R (warps, shared-memory KB, segment rows); default: all")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -119,7 +120,8 @@ def main():
             rows_out.append({**base, "variant": "current", "ms_median": round(med, 4), "ms_min": round(lo, 4)})
             print(rows_out[-1], flush=True)
             cur = med
-            for warps, kb, seg_rows in BASELINES + VARIANTS:
+            chosen = [tuple(map(int, v.split(":"))) for v in args.variants] if args.variants else BASELINES + VARIANTS
+            for warps, kb, seg_rows in chosen:
                 K = kb * 1024 // (128 * esize)
                 t1 = time.time()
                 sp = segment_plan(rowptr.long(), col, seg_rows, K)
