@@ -7,19 +7,20 @@
 // and a batch waited on its slowest gather). Warp per row, whole F per warp (no re-walk per
 // feature chunk). K = 0 gives the same kernel without staging, the structural baseline.
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_bf16.h>
 #include <torch/extension.h>
 
 #include <cstdint>
 
+#include "../csrc/cuda/dense_tiles.cuh"  // the extension's cp.async and 16-bit packing helpers
+
 namespace {
 
-constexpr unsigned kFull = 0xffffffffu;
+using fgplugin::cp_async16;
+using fgplugin::cp_async_commit;
+using fgplugin::cp_async_wait;
+using fgplugin::pack2;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
+constexpr unsigned kFull = 0xffffffffu;
 
 template <typename T>
 struct Vec;
@@ -48,13 +49,8 @@ struct Vec<at::BFloat16> {
     }
   }
   static __device__ __forceinline__ uint4 pack(const float (&a)[8]) {
-    uint32_t u[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(a[2 * i], a[2 * i + 1]);
-      u[i] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    return make_uint4(u[0], u[1], u[2], u[3]);
+    return make_uint4(pack2<true>(a[0], a[1]), pack2<true>(a[2], a[3]), pack2<true>(a[4], a[5]),
+                      pack2<true>(a[6], a[7]));
   }
 };
 
@@ -74,10 +70,10 @@ __global__ void __launch_bounds__(W * 32, MINB)
   const int ns = min(seg_stage_ptr[seg + 1] - s0, K);
   for (int q = threadIdx.x; q < ns * L; q += W * 32) {
     const int64_t c = stage_col[s0 + q / L];
-    cp_async16(&staged[q], x + c * F + (q % L) * V);
+    cp_async16(&staged[q], x + c * F + (q % L) * V, true);
   }
-  asm volatile("cp.async.commit_group;\n" ::);
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, grp = lane / L, sub = lane % L;
   const int r1 = seg_row_ptr[seg + 1];

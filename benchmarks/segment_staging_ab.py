@@ -37,16 +37,17 @@ def segment_plan(rowptr: torch.Tensor, col: torch.Tensor, seg_rows: int, K: int,
     """Segments of ``seg_rows`` consecutive rows; per segment its columns used >= ``min_uses`` times,
     most used first, up to K. Returns (seg_row_ptr, code, seg_stage_ptr, stage_col, staged entries):
     code = column, or -1 - slot for a staged entry; each row's staged entries first."""
+    from fgplugin._csr import rows_of_edges
+
     device = col.device
     n = rowptr.numel() - 1
-    nnz = col.numel()
     n_seg = -(-n // seg_rows)
     seg_row_ptr = torch.clamp(torch.arange(n_seg + 1, device=device) * seg_rows, max=n).to(torch.int32)
-    rows = torch.repeat_interleave(torch.arange(n, device=device), rowptr.diff(), output_size=nnz)
-    cols = col.long()
     if K == 0:
         return seg_row_ptr, col.to(torch.int32), torch.zeros(n_seg + 1, dtype=torch.int32, device=device), \
             torch.zeros(1, dtype=torch.int32, device=device), 0
+    rows = rows_of_edges(rowptr, col.numel())
+    cols = col.long()
     seg = rows // seg_rows
     uniq, inverse, counts = torch.unique(seg * n + cols, return_inverse=True, return_counts=True)
     useg = uniq // n
