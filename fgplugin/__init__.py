@@ -4,13 +4,12 @@ Importing fgplugin builds (first time) and loads its kernels; see fgplugin/_exte
 """
 import torch as _torch
 
-from . import _extension, grad_rows, input_cache, ops as _ops, parallel_dropout
-from .parallel_dropout import Dropout, dropout
-from .grad_rows import set_row_skipping
-from .input_cache import set_input_cache
+from . import _extension, config, ops as _ops, parallel_dropout
+from .config import set_input_cache, set_row_skipping
 from .normalization import Normalization, normalization
 from .ops import spmm
-from .tiling import TiledAdjacency, TilePlan
+from .parallel_dropout import Dropout, dropout
+from .tiling import TiledAdjacency, TileStats
 
 __version__ = "0.1.0"
 
@@ -20,11 +19,11 @@ if not _status.loaded:
 elif not _status.cuda:
     _ops.define_reference_ops(cuda_only=True)
 _ops.register_python_parts()
-if _status.loaded:
-    parallel_dropout.register_python_parts()
+parallel_dropout.register_python_parts()
+_torch.ops.fgplugin.set_wgmma(config.settings.wgmma)
 
 # PyG datasets save pre_transform output and read it back with torch.load(weights_only=True).
-_torch.serialization.add_safe_globals([TiledAdjacency, TilePlan])
+_torch.serialization.add_safe_globals([TiledAdjacency])
 
 
 def extension_status() -> "_extension.ExtensionStatus":
@@ -32,5 +31,5 @@ def extension_status() -> "_extension.ExtensionStatus":
     return _status
 
 
-__all__ = ["TiledAdjacency", "TilePlan", "Normalization", "normalization", "spmm", "extension_status",
+__all__ = ["TiledAdjacency", "TileStats", "Normalization", "normalization", "spmm", "extension_status",
            "set_input_cache", "set_row_skipping", "dropout", "Dropout"]

@@ -8,21 +8,15 @@ rebuilds and a second import loads in well under a second.
 
 CUDA kernels are compiled when torch is a CUDA build and a CUDA toolkit (nvcc) is found
 (``CUDA_HOME``), whether or not a GPU is visible, so a GPU-less build host still produces them
-(STYLE.md habit 5). ``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures (default here: "8.0;9.0a", or "8.0;9.0"
-with nvcc < 12; a list without "9.0a" builds no wgmma kernel, and Hopper GPUs then run the mma.sync
-one);
-``MAX_JOBS`` caps the compiler's parallelism.
+``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures (default here: "8.0;9.0a", or "8.0;9.0"
+with nvcc < 12; a list without "9.0a" builds no wgmma kernel, and Hopper GPUs then run the
+mma.sync one); ``MAX_JOBS`` caps the compiler's parallelism.
 
 If the build fails, fgplugin warns once with the reason and the fix, and the ops run on the
 pure-torch reference path (fgplugin/reference.py).
 
-Environment:
-    FGPLUGIN_CACHE_DIR        where builds go (default: $XDG_CACHE_HOME/fgplugin or ~/.cache/fgplugin)
-    FGPLUGIN_NO_EXTENSION=1   skip the build, use the reference path (no warning)
-    FGPLUGIN_NO_CUDA=1        build the CPU kernels only
-    FGPLUGIN_VERBOSE_BUILD=1  show the compiler's output
-    FGPLUGIN_NO_WGMMA=1       run dense tiles on H100/H200 with the mma.sync kernel instead of the
-                              wgmma one (read at every launch: for A/B runs, or as a workaround)
+The switches that steer the build (FGPLUGIN_CACHE_DIR, FGPLUGIN_NO_EXTENSION, FGPLUGIN_NO_CUDA,
+FGPLUGIN_VERBOSE_BUILD) are read in fgplugin/config.py.
 """
 from __future__ import annotations
 
@@ -37,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from . import config
 
 
 def default_cuda_archs(nvcc_version: str | None) -> str:
@@ -102,7 +98,7 @@ def _nvcc_version(cuda_home: str) -> str | None:
 
 def cuda_build_plan() -> tuple[bool, str]:
     """(compile CUDA kernels?, why not). Decided from the torch build and nvcc, not from a GPU."""
-    if os.environ.get("FGPLUGIN_NO_CUDA") == "1":
+    if not config.settings.build_cuda:
         return False, "FGPLUGIN_NO_CUDA=1 is set"
     if torch.version.cuda is None:
         return False, "the installed torch is a CPU-only build"
@@ -127,23 +123,16 @@ def openmp_flags() -> list[str]:
     return ["-fopenmp"] if "OpenMP" in torch.__config__.parallel_info() and sys.platform == "linux" else []
 
 
-def cache_dir() -> Path:
-    if os.environ.get("FGPLUGIN_CACHE_DIR"):
-        return Path(os.environ["FGPLUGIN_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fgplugin"
-
-
 def _build_and_load(with_cuda: bool) -> str:
     from torch.utils import cpp_extension
 
     flavour = f"cu{torch.version.cuda}" if with_cuda else "cpu"
     tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"torch{torch.__version__}-{flavour}-py{sys.version_info[0]}{sys.version_info[1]}")
     src_hash = _sources_hash()
-    build_dir = cache_dir() / "ext" / f"{tag}-{src_hash}"
+    build_dir = config.cache_dir() / "ext" / f"{tag}-{src_hash}"
     build_dir.mkdir(parents=True, exist_ok=True)
     name = f"fgplugin_ops_{src_hash}"
-    verbose = os.environ.get("FGPLUGIN_VERBOSE_BUILD") == "1"
+    verbose = config.settings.verbose_build
     if not (build_dir / f"{name}.so").exists():
         print(f"fgplugin: compiling the {'CPU+CUDA' if with_cuda else 'CPU'} kernels for torch {torch.__version__} "
               f"into {build_dir} (once; about a minute)", file=sys.stderr, flush=True)
@@ -173,7 +162,7 @@ def load() -> ExtensionStatus:
     """Build (first time) and load the kernels into ``torch.ops.fgplugin``; never raises."""
     if status.loaded or status.reason:
         return status
-    if os.environ.get("FGPLUGIN_NO_EXTENSION") == "1":
+    if not config.settings.build_extension:
         status.reason = "FGPLUGIN_NO_EXTENSION=1 is set"
         return status
     with_cuda, why_no_cuda = cuda_build_plan()

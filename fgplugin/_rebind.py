@@ -95,12 +95,14 @@ _DROPOUT_SWAP = _DropoutSwap()
 
 class AdapterSwaps:
     """An adapter's ``convert``, ``patch`` and ``unpatch``: its conv layers (``layers``), and
-    ``torch.nn.Dropout`` -> :class:`fgplugin.Dropout` unless called with ``dropout=False``.
+    ``torch.nn.Dropout`` -> :class:`fgplugin.Dropout`.
 
-    The dropout swap is on by default because it changes no result's distribution, only its masks
+    ``convert(model)`` swaps the dropout modules of the model it is given unless called with
+    ``dropout=False``: that changes no result's distribution, only its masks
     (fgplugin/parallel_dropout.py), and it is where a CPU step on few input features spends most
     of its time; on GPUs, and in compiled, scripted or ``torch.func``-transformed code,
-    :class:`fgplugin.Dropout` runs torch's dropout.
+    :class:`fgplugin.Dropout` runs torch's dropout. ``patch()`` changes the process as a whole, so
+    it leaves ``torch.nn.Dropout`` alone unless asked (``patch(dropout=True)``).
     """
 
     def __init__(self, layers: dict[type, type], on_convert: Callable[[torch.nn.Module], None] | None = None):
@@ -108,11 +110,12 @@ class AdapterSwaps:
 
     def convert(self, model: torch.nn.Module, *, dropout: bool = True) -> torch.nn.Module:
         """Swaps ``model``'s stock layers (and ``torch.nn.Dropout`` modules if ``dropout``) for
-        fgplugin's, in place, and returns ``model`` (see :meth:`LayerRebinder.convert`)."""
+        fgplugin's **in place** (the same module objects change class; no copy is made) and
+        returns ``model`` (see :meth:`LayerRebinder.convert`)."""
         self.convs.convert(model)
         return _DROPOUT_SWAP.rebinder.convert(model) if dropout else model
 
-    def patch(self, *, dropout: bool = True) -> None:
+    def patch(self, *, dropout: bool = False) -> None:
         """Makes the stock names (and ``torch.nn.Dropout`` if ``dropout``: in ``torch.nn`` and
         modules outside torch) resolve to fgplugin's classes in every imported module (see
         :meth:`LayerRebinder.patch`)."""

@@ -1,40 +1,38 @@
-"""``threshold="auto"``: pick the dense-tile threshold per graph by a short timed probe.
+"""``threshold="auto"``: the dense-tile threshold chosen per graph by a short timed probe.
 
 The probe builds the block-adaptive plan for each candidate threshold, times the forward SpMM
 (F = 128 by default, random features in the dtype class of the run, with row and column scales so
 the kernel does the work a GCN layer does) with CUDA events, and keeps the fastest. It costs one
 plan build per distinct plan plus a few runs of each (H100: 0.5-1.5 s on the community-ordered
 75-200M-edge synthetic graphs, 0.2-0.4 s in their original order, where every candidate is the
-same plan; benchmarks/results/h100/probe_sample.json) and runs once per graph, tile size, device
-and dtype class (fp32 / 16-bit); the choice is
-cached on the adjacency (``adj._shared``) and so are the winning plans. Only the winner's plan is
-kept in memory. Off CUDA the probe does nothing and returns the default 0.05.
+same plan; docs/results.md) and runs once per graph, tile size, device and dtype class (fp32 /
+16-bit). ``TiledAdjacency.kernel_plan`` calls :func:`choose_threshold` before it builds a plan and
+keeps the choice and the winning plan on the adjacency. Off CUDA it returns the fixed default.
 """
 from __future__ import annotations
 
 import torch
 
-DEFAULT_THRESHOLD = 0.05
+from .kernel_plan import DEFAULT_CHUNK, build_kernel_plan
+from .tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
+from ._csr import rows_of_edges
+
 # 1.0 = no dense tiles: the whole matrix in the row-balanced CSR kernel, which beat every
 # threshold on products-like at fp32 (H100: 9.79 ms against 10.1 ms at 0.15).
 CANDIDATES = (0.02, 0.03, 0.05, 0.075, 0.10, 0.15, 1.0)
 
 
-def auto_threshold_key(adj, dtype: torch.dtype) -> tuple:
-    """The key of the probe's cached choice in ``adj._shared``: one per tile size, device and
-    dtype class (fp32 / 16-bit)."""
-    return ("auto_threshold", adj.tiles.tile_size, adj.device, "fp32" if dtype == torch.float32 else "16bit")
+def dtype_class(dtype: torch.dtype) -> str:
+    """The probe runs once per class: ``"fp32"`` (float32 and float64, which never use the plan)
+    or ``"16bit"``."""
+    return "16bit" if dtype in (torch.float16, torch.bfloat16) else "fp32"
 
 
 @torch.no_grad()
 def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, candidates=CANDIDATES,
-                     reps: int = 7, tile_size: int | None = None) -> dict[float, float]:
-    """Median forward SpMM time (ms) of each candidate threshold on ``adj``'s device."""
-    from .kernel_plan import DEFAULT_CHUNK, build_plan
-    from .tiling import tile_counts
-
-    tile_size = adj.tiles.tile_size if tile_size is None else tile_size
-    device = adj.device
+                     reps: int = 7) -> dict[float, float]:
+    """Median forward SpMM time (ms) of each candidate threshold on ``adj``'s device (CUDA)."""
+    tile_size, device = adj.tile_size, adj.device
     n_rows, n_cols = adj.shape
     gen = torch.Generator(device=device).manual_seed(1234)
     x = torch.randn(n_cols, F, device=device, generator=gen).to(dtype)
@@ -45,20 +43,18 @@ def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, c
     # Thresholds that make the same tiles dense make the same plan: time one of each (the
     # original order of a graph often has no tile above any candidate, and all of them are the
     # no-dense-tile plan: reddit-like, 7 timings of its 12 ms SpMM for one answer).
-    _, counts = tile_counts(adj.rowptr, adj.col, adj.shape, tile_size)
+    _, counts = torch.unique(tile_keys(rows_of_edges(adj.rowptr, adj.nnz), adj.col, n_cols, tile_size),
+                             return_counts=True)
     same_plan = {}
     for thr in candidates:
-        same_plan.setdefault(int((counts > float(thr) * tile_size * tile_size).sum()), []).append(float(thr))
+        same_plan.setdefault(int(dense_tiles(counts, thr, tile_size).sum()), []).append(float(thr))
     times = {}
     for group in same_plan.values():
         thr = max(group)  # the group's plan; 1.0 when it has no dense tile
-        key = ("kernel_plan", False, tile_size, float(thr), weighted, DEFAULT_CHUNK, str(device))
-        plan = adj._shared.get(key)
-        if plan is None:
-            plan = build_plan(adj.rowptr, adj.col, adj.shape, tile_size=tile_size, threshold=float(thr),
-                              weighted=weighted)
+        plan = adj.cached_kernel_plan(thr, weighted) or build_kernel_plan(
+            adj.rowptr, adj.col, adj.shape, threshold=thr, tile_size=tile_size, weighted=weighted, chunk=DEFAULT_CHUNK)
         run = lambda: torch.ops.fgplugin.spmm.default(adj.rowptr, adj.col, values, x, rs, cs, None,  # noqa: E731
-                                                       None, None, None, plan, [])
+                                                       plan.buffer, plan.layout, None, None, None, None, [])
         run()
         torch.cuda.synchronize(device)
         # Each sample times a batch of back-to-back runs lasting >= ~1 ms: a single run of a small
@@ -83,19 +79,13 @@ def _time_runs(run, n: int) -> float:
     return start.elapsed_time(end) / n
 
 
-def choose_threshold(adj, x: torch.Tensor | None = None, *, candidates=CANDIDATES, F: int = 128) -> float:
-    """The probe's fastest threshold for ``adj`` (cached per tile size, device and dtype class)."""
-    device = adj.device
-    dtype = torch.float32 if x is None else x.dtype
-    key = auto_threshold_key(adj, dtype)
-    cached = adj._shared.get(key)
-    if cached is not None:
-        return cached
-    if device.type != "cuda":
-        return DEFAULT_THRESHOLD
-    times = probe_thresholds(adj, F=F, dtype=dtype if dtype != torch.float64 else torch.float32,
-                             candidates=candidates)
+def choose_threshold(adj, dtype: torch.dtype = torch.float32, *, candidates=CANDIDATES, F: int = 128) -> dict:
+    """The probe's fastest threshold for ``adj`` and features of ``dtype``, with every candidate's
+    time: ``{"threshold": float, "times_ms": {threshold: ms}}``. Off CUDA (nothing to time) the
+    default threshold and no times."""
+    if adj.device.type != "cuda":
+        return {"threshold": DEFAULT_THRESHOLD, "times_ms": {}}
+    probe_dtype = dtype if dtype_class(dtype) == "16bit" else torch.float32
+    times = probe_thresholds(adj, F=F, dtype=probe_dtype, candidates=candidates)
     best = min(times, key=lambda thr: (times[thr], -thr))  # of thresholds with one plan, the largest
-    adj._shared[key] = best
-    adj._shared[key + ("probe",)] = times
-    return best
+    return {"threshold": best, "times_ms": times}

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._extension import cache_dir
+from .config import cache_dir
 
 FORMAT = "fgplugin-cache-v1"
 

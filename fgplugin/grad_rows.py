@@ -30,7 +30,7 @@ each see a row-sparse gradient (the last two of a 3-layer GCN) keep one each; on
 structure's last ``STALE_USES`` restricted products used is dropped. A restriction's
 memory is that of ``A^T``'s CSR times its live fraction; they are kept for as long as the
 structure's transpose lives. Switch it off with
-``FGPLUGIN_SKIP_ZERO_ROWS=0`` or :func:`set_row_skipping`.
+``FGPLUGIN_SKIP_ZERO_ROWS=0`` or :func:`fgplugin.set_row_skipping`.
 
 The distributed backward uses the same restrictions for its block products
 (:func:`fgplugin.ops.spmm_skipping_zero_rows`) and the same rules, agreed between the ranks, to send
@@ -38,7 +38,6 @@ only the non-zero rows (:mod:`fgplugin.distributed.live_rows`).
 """
 from __future__ import annotations
 
-import os
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -46,7 +45,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .kernel_plan import build_plan
+from .config import settings
+from .kernel_plan import KernelPlan, build_kernel_plan
 
 # The skipping path measured 2.2x faster than the full product at 25% live rows (2-core CPU,
 # tolokers' graph, F=64: benchmarks/results/cpu/grad_rows_ab.json) and 2.2x at 30% (H100,
@@ -68,22 +68,10 @@ STALE_USES = 4
 # reddit-like's products are 20x that, the real graphs' at most 0.7x); 2-core CPU, about 0.15 ms
 # at 2**22.
 MIN_WORK = {"cuda": 1 << 28, "cpu": 1 << 22}
-_enabled = os.environ.get("FGPLUGIN_SKIP_ZERO_ROWS", "1") != "0"
 # col of a restricted CSR (A^T's in the backward pass) -> its KeptSets of _Kept; entries go with the
 # structure they restrict.
 _restrictions: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _total_build_s = 0.0
-
-
-def set_row_skipping(enabled: bool) -> bool:
-    """Turns the skipping of zero output-gradient rows on or off; returns the previous setting."""
-    global _enabled
-    previous, _enabled = _enabled, bool(enabled)
-    return previous
-
-
-def row_skipping_enabled() -> bool:
-    return _enabled
 
 
 @dataclass(eq=False)  # identity: list.remove must not compare tensors
@@ -149,14 +137,14 @@ def total_build_s() -> float:
     return _total_build_s
 
 
-def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, full_plan: list):
+def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: bool):
     """``(rowptr, col, values, plan)`` of the CSR ``(rowptr, col, values)`` restricted to the
     columns whose row of ``x`` is not zero, for the product with ``x``; or ``None`` when the full
     product should run (see the module doc). In the backward pass of :func:`fgplugin.spmm` the
-    CSR is ``A^T`` and ``x`` the output gradient. ``full_plan`` is the kernel plan of the full
-    CSR (empty: plain kernels, so the restriction gets none either). The restriction's plan puts
+    CSR is ``A^T`` and ``x`` the output gradient. ``block_adaptive``: whether the full product
+    runs the block-adaptive kernel (else the restriction runs the plain one too). The restriction's plan puts
     every entry in the remainder pass: leaving out most columns leaves few tiles dense."""
-    if not _enabled or torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dim() != 2:
+    if not settings.skip_zero_rows or torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dim() != 2:
         return None
     n, width = x.shape
     if n == 0 or width == 0 or col.numel() * width < MIN_WORK.get(x.device.type, MIN_WORK["cuda"]):
@@ -174,15 +162,15 @@ def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, full_plan: list)
     match = _match(entry, live, width)
     if match is None and int(live.sum()) > MAX_LIVE_FRACTION * n:
         return None
-    return _restricted(entry, rowptr, col, values, live, full_plan, match, width)
+    return _restricted(entry, rowptr, col, values, live, block_adaptive, match, width)
 
 
-def restricted(rowptr, col, values, live: torch.Tensor, full_plan: list):
+def restricted(rowptr, col, values, live: torch.Tensor, block_adaptive: bool):
     """``(rowptr, col, values, plan)`` of the CSR restricted to the columns where ``live`` (a
     bool mask, one entry per column) is true, kept per structure (keyed by ``col``) and reused
     while the mask stays the same; the caller decided that restricting pays."""
     entry = _entry(col)
-    return _restricted(entry, rowptr, col, values, live, full_plan, _match(entry, live), -1)
+    return _restricted(entry, rowptr, col, values, live, block_adaptive, _match(entry, live), -1)
 
 
 def _entry(col: torch.Tensor) -> KeptSets:
@@ -201,7 +189,7 @@ def _match(entry: KeptSets, live: torch.Tensor, width: int = -1) -> _Kept | None
     return None
 
 
-def _restricted(entry: KeptSets, rowptr, col, values, live, full_plan, kept: _Kept | None, width: int):
+def _restricted(entry: KeptSets, rowptr, col, values, live, block_adaptive: bool, kept: _Kept | None, width: int):
     built = kept is None
     if built:
         with timed_build(entry, live.device):
@@ -209,25 +197,24 @@ def _restricted(entry: KeptSets, rowptr, col, values, live, full_plan, kept: _Ke
     entry.record(kept, built)
     if width >= 0:
         kept.width = width
-    # the full product's kernel (a float64 call runs the plain one)
+    # the full product's kind of kernel (a float64 call runs the plain one)
     plan = restriction_plan(kept.plans, kept.rowptr, kept.col, (rowptr.numel() - 1, live.numel()),
-                            weighted=values is not None, block_adaptive=bool(full_plan), timed_by=entry)
+                            weighted=values is not None, block_adaptive=block_adaptive, timed_by=entry)
     kept_values = None if values is None else values.index_select(0, kept.keep)
     return kept.rowptr, kept.col, kept_values, plan
 
 
 def restriction_plan(plans: dict, rowptr, col, shape, *, weighted: bool, block_adaptive: bool,
-                     timed_by=None) -> list:
+                     timed_by=None) -> KernelPlan | None:
     """The kernel plan of a restricted CSR, built once and kept in ``plans``: every entry in the
-    remainder pass (leaving out most columns leaves few tiles dense), or ``[]`` for the plain
+    remainder pass (leaving out most columns leaves few tiles dense), or ``None`` for the plain
     kernels. A build is timed into ``timed_by`` (see :func:`timed_build`) when given."""
     key = (weighted, block_adaptive)
-    plan = plans.get(key)
-    if plan is None:
+    if key not in plans:
         with timed_build(timed_by, col.device) if timed_by is not None else nullcontext():
-            plan = build_plan(rowptr, col, shape, threshold=1.0, weighted=weighted) if block_adaptive else []
-        plans[key] = plan
-    return plan
+            plans[key] = build_kernel_plan(rowptr, col, shape, threshold=1.0, weighted=weighted) \
+                if block_adaptive else None
+    return plans[key]
 
 
 @contextmanager
@@ -246,14 +233,10 @@ def timed_build(owner, device: torch.device):
 
 
 def nonzero_rows(grad: torch.Tensor) -> torch.Tensor:
-    """Rows of ``grad`` with any entry that is not zero (NaN counts as non-zero), as a bool mask.
-
-    On CUDA the extension's ``nonzero_rows`` kernel: torch's ``any(dim=1)`` read a [2.45M, 48]
-    fp32 gradient at 0.7 TB/s on the H100 (0.7 ms). On the CPU ``abs().amax() != 0``: ``any`` was
-    about 10x slower there (torch 2.13, 2 cores)."""
-    if grad.device.type == "cuda" and hasattr(torch.ops.fgplugin, "nonzero_rows"):
-        return torch.ops.fgplugin.nonzero_rows.default(grad)
-    return grad.abs().amax(dim=1) != 0  # NaN != 0
+    """Rows of ``grad`` with any entry that is not zero (NaN counts as non-zero), as a bool mask:
+    the ``nonzero_rows`` op (on CUDA a kernel of its own: torch's ``any(dim=1)`` read a
+    [2.45M, 48] fp32 gradient at 0.7 TB/s on the H100)."""
+    return torch.ops.fgplugin.nonzero_rows.default(grad)
 
 
 @torch.no_grad()

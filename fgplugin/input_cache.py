@@ -18,7 +18,7 @@ When a layer uses it (all must hold, else the layer runs as without it, at no ex
   model called once (inference) never pays for a wider SpMM it will not reuse;
 - the kept tensor (the size of ``x``) is at most ``MAX_MEMORY_FRACTION`` of the device's memory.
 
-Switch it off with ``FGPLUGIN_INPUT_CACHE=0`` or :func:`set_input_cache`. A layer holds at most
+Switch it off with ``FGPLUGIN_INPUT_CACHE=0`` or :func:`fgplugin.set_input_cache`. A layer holds at most
 one kept tensor; a call with another input drops it, so does freeing ``x``, and a layer that is
 copied or pickled starts empty. Changes that PyTorch does not count in ``_version`` (writes
 through ``x.data`` or through a NumPy view) are not seen: after such a write, call
@@ -34,20 +34,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .config import settings
+
 MAX_MEMORY_FRACTION = 0.125
-_enabled = os.environ.get("FGPLUGIN_INPUT_CACHE", "1") != "0"
-
-
-def set_input_cache(enabled: bool) -> bool:
-    """Turns the reuse of constant inputs' aggregations on or off for every layer; returns the
-    previous setting. Kept aggregations are dropped by each layer's next call while it is off."""
-    global _enabled
-    previous, _enabled = _enabled, bool(enabled)
-    return previous
-
-
-def input_cache_enabled() -> bool:
-    return _enabled
 
 
 class _Key:
@@ -148,7 +137,7 @@ def of(module: torch.nn.Module) -> InputCache:
 
 
 def _reusable(deps: tuple) -> bool:
-    if not _enabled or torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+    if not settings.input_cache or torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
         return False
     if getattr(torch._C, "_are_functorch_transforms_active", lambda: False)():  # torch.func.grad / vmap
         return False

@@ -1,14 +1,14 @@
-"""Device-specific kernel plans that ride along with the spmm op (its ``plan`` arguments).
+"""The block-adaptive CUDA kernel's plan of one CSR: :class:`KernelPlan`, built once per graph.
 
-The CPU kernel and the plain CUDA CSR kernel need nothing beyond the CSR, so their plan is the
-empty list. On CUDA (float32, float16, bfloat16 features) :func:`kernel_plans` returns the plan
-of the block-adaptive kernel (csrc/cuda/block_adaptive_spmm.cu), built once per graph, tile
-size, threshold and device with vectorized torch ops on the device and cached on the adjacency.
+The CPU kernel and the plain CUDA CSR kernel need nothing beyond the CSR. The block-adaptive
+kernel (csrc/cuda/block_adaptive_spmm.cu) needs the plan built here with vectorized torch ops on
+the device; ``TiledAdjacency.kernel_plan`` resolves the threshold (``"auto"`` by the probe of
+fgplugin.autotune) and caches one plan per graph, threshold, weights and device.
 
 How the plan is made (format: csrc/cuda/block_adaptive_spmm.cuh, ``PLAN_VERSION``):
 
-1. Every non-zero is classified by its ``T x T`` tile (``T = adj.tiles.tile_size``): dense when
-   the tile holds more than ``threshold * T * T`` non-zeros (strictly), as in ``TilePlan``.
+1. Every non-zero is classified by its ``T x T`` tile with the density rule of
+   fgplugin.tile_density.
 2. Dense non-zeros are regrouped into the kernel's 32 x 32 tiles (any ``T`` works: a dense
    64 x 64 tile becomes up to four 32 x 32 bitmaps, a dense 16 x 16 tile part of one), each with
    a 32-word bitmap and the same bits in the layout of the tensor-core A fragments (one word per
@@ -20,123 +20,114 @@ How the plan is made (format: csrc/cuda/block_adaptive_spmm.cuh, ``PLAN_VERSION`
 4. The remainder keeps CSR order; each row is cut into work items of at most ``chunk`` entries,
    so a hub row is spread over several warps; rows with several items are summed by a second
    pass in a fixed order (deterministic, no atomics).
+
+The sections are packed into one byte buffer on the device, described by a host-side ``layout``
+(offsets, sizes, dtypes), so the op takes two arguments per plan and reads every size without a
+device sync; the named fields of :class:`KernelPlan` are views into that buffer.
 """
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass, fields
 
 import torch
 
 from . import _extension
 from ._csr import rows_of_edges
-from .autotune import auto_threshold_key, choose_threshold
+from .config import settings
+from .tile_density import dense_tiles, tile_keys
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 KERNEL_TILE = 32
 BLOCK_PANELS = 4  # row panels per block of the dense kernel (kBlockPanels in the .cuh)
 DEFAULT_CHUNK = 256  # remainder non-zeros per work item (one warp)
 _PLAN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# FGPLUGIN_BLOCK_ADAPTIVE=0 keeps every CUDA call on the simple CSR kernel (read once, at import).
-ENABLED = os.environ.get("FGPLUGIN_BLOCK_ADAPTIVE", "1") != "0"
+# c10::ScalarType values of the section dtypes, as the layout records them
+_DTYPE_CODES = {torch.int32: 3, torch.int64: 4}
+_ALIGN = 16  # section offsets: the kernel reads dstage as int4
 
 
-def block_adaptive_available(x: torch.Tensor) -> bool:
-    """True when the block-adaptive CUDA kernel can run for features ``x``."""
-    if not ENABLED or x.device.type != "cuda" or x.dtype not in _PLAN_DTYPES:
-        return False
-    return bool(_extension.status.loaded and _extension.status.cuda)
+def block_adaptive_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """True when the block-adaptive CUDA kernel can run for features of ``dtype`` on ``device``."""
+    return (settings.block_adaptive and device.type == "cuda" and dtype in _PLAN_DTYPES
+            and _extension.status.loaded and _extension.status.cuda)
 
 
-def kernel_plans(adj, x: torch.Tensor, with_transpose: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """(plan of A, plan of A^T) for features ``x``; empty lists select the plain CSR kernels.
+@dataclass(eq=False)
+class KernelPlan:
+    """The block-adaptive kernel's plan of one CSR (see the module doc and the table in
+    csrc/cuda/block_adaptive_spmm.cuh for each section's meaning). The sections are views into
+    ``buffer``; ``layout`` is what the op reads them by."""
 
-    ``adj.tiles.threshold == "auto"`` picks the threshold per graph with a short timed probe
-    (:func:`fgplugin.autotune.choose_threshold`), once per graph, device and feature dtype.
-    """
-    if not block_adaptive_available(x):
-        return [], []
-    weighted = adj.values is not None
-    threshold = adj.tiles.threshold
-    if isinstance(threshold, str):
-        if torch.compiler.is_compiling():
-            threshold = adj._shared.get(auto_threshold_key(adj, x.dtype))
-            if threshold is None:
-                return [], []
-        else:
-            threshold = choose_threshold(adj, x)
-    plan = plan_for(adj, threshold=threshold, weighted=weighted)
-    t_plan = plan_for(adj, threshold=threshold, weighted=weighted, transpose=True) if with_transpose else []
-    if plan is None or t_plan is None:  # under torch.compile with nothing cached: plain kernels
-        return [], []
-    return plan, t_plan
+    dblock_ptr: torch.Tensor
+    dwork: torch.Tensor
+    dstage: torch.Tensor
+    dtile_bits: torch.Tensor
+    dtile_roff: torch.Tensor
+    dense_eid: torch.Tensor
+    rem_col: torch.Tensor
+    rem_eid: torch.Tensor
+    item_ptr: torch.Tensor
+    item_row: torch.Tensor
+    item_slot: torch.Tensor
+    split_row: torch.Tensor
+    split_ptr: torch.Tensor
+    slot_row: torch.Tensor
+    dtile_frag: torch.Tensor
+    dpanel_dense: torch.Tensor
+    threshold: float
+    tile_size: int
+    weighted: bool
+    chunk: int
+    buffer: torch.Tensor
+    layout: tuple[int, ...]
 
+    @classmethod
+    def pack(cls, sections: dict, *, threshold: float, tile_size: int, weighted: bool, chunk: int) -> "KernelPlan":
+        """Packs ``sections`` (name -> contiguous 1-D int32/int64 tensor, in field order) into one buffer."""
+        names = [f.name for f in fields(cls)][:len(sections)]
+        assert list(sections) == names, "sections must come in the field order of KernelPlan"
+        offsets, total = [], 0
+        for t in sections.values():
+            offsets.append(total)
+            total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        first = next(iter(sections.values()))
+        buffer = torch.empty(max(total, _ALIGN), dtype=torch.uint8, device=first.device)
+        layout = [PLAN_VERSION, int(weighted), int(chunk), len(sections)]
+        views = {}
+        for (name, t), offset in zip(sections.items(), offsets):
+            nbytes = t.numel() * t.element_size()
+            view = buffer[offset:offset + nbytes].view(t.dtype)
+            view.copy_(t)
+            views[name] = view
+            layout += [offset, t.numel(), _DTYPE_CODES[t.dtype]]
+        return cls(**views, threshold=threshold, tile_size=tile_size, weighted=bool(weighted), chunk=int(chunk),
+                   buffer=buffer, layout=tuple(layout))
 
-def prepare_plans(adj, dtype: torch.dtype = torch.float32, with_transpose: bool = True) -> float | None:
-    """Builds ``adj``'s block-adaptive plans for features of ``dtype`` now (running the
-    ``threshold="auto"`` probe first if the adjacency asks for it), instead of in the first
-    forward and backward pass; returns the threshold in use, or ``None`` where the plain kernels
-    run (off CUDA, float64, block-adaptive kernel unavailable).
+    @property
+    def num_dense_tiles(self) -> int:
+        return self.dtile_bits.numel() // 32
 
-    Why: a training loop's first step otherwise pays for the probe and the plans (0.5-1.5 s on a
-    75-200M-edge graph on an H100), which belongs with preprocessing, where benchmarks count it."""
-    probe = torch.empty(0, 1, dtype=dtype, device=adj.device)
-    plan, _ = kernel_plans(adj, probe, with_transpose)
-    if not plan:
-        return None
-    threshold = adj.tiles.threshold
-    if isinstance(threshold, str):
-        threshold = adj._shared[auto_threshold_key(adj, dtype)]
-    return float(threshold)
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel()
 
-
-def plan_for(adj, *, tile_size: int | None = None, threshold: float | None = None, weighted: bool | None = None,
-             transpose: bool = False, chunk: int = DEFAULT_CHUNK):
-    """The cached block-adaptive plan of ``adj`` (or of its transpose), built on first use.
-
-    Returns ``None`` under torch.compile when nothing is cached yet (building needs host syncs).
-    """
-    tile_size = adj.tiles.tile_size if tile_size is None else int(tile_size)
-    threshold = adj.tiles.threshold if threshold is None else threshold
-    threshold = float(threshold)
-    weighted = (adj.values is not None) if weighted is None else bool(weighted)
-    t_rowptr, t_col = _structure(adj, transpose)
-    if transpose and t_rowptr is adj.rowptr and t_col is adj.col:
-        transpose = False  # structurally symmetric: A^T's CSR is A's, so is its plan
-    key = ("kernel_plan", transpose, tile_size, threshold, weighted, chunk, str(adj.device))
-    cached = adj._shared.get(key)
-    if cached is not None:
-        return cached
-    if torch.compiler.is_compiling():
-        return None
-    shape = (adj.shape[1], adj.shape[0]) if transpose else adj.shape
-    plan = build_plan(t_rowptr, t_col, shape, tile_size=tile_size, threshold=threshold, weighted=weighted,
-                      chunk=chunk)
-    adj._shared[key] = plan
-    return plan
-
-
-def _structure(adj, transpose: bool):
-    if not transpose:
-        return adj.rowptr, adj.col
-    t_rowptr, t_col, _ = adj.transpose()
-    return t_rowptr, t_col
-
-
-def plan_stats(plan) -> dict:
-    """Sizes of a plan (for benchmarks and reprs)."""
-    if not plan:
-        return {"dense_tiles": 0, "dense_nnz": 0, "rem_nnz": 0, "items": 0, "split_rows": 0}
-    table = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.long, device=plan[4].device)
-    dense_nnz = int(table[plan[4].view(torch.uint8).long()].sum())
-    return {"dense_tiles": plan[4].numel() // 32, "dense_nnz": dense_nnz, "rem_nnz": plan[7].numel(),
-            "items": plan[10].numel(), "split_rows": plan[12].numel(), "stages": plan[3].numel() // 4,
-            "panels_with_tiles": int(plan[16].sum())}
+    def stats(self) -> dict:
+        """Sizes of the plan (for benchmarks and tests)."""
+        table = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.long, device=self.buffer.device)
+        dense_nnz = int(table[self.dtile_bits.view(torch.uint8).long()].sum())
+        return {"dense_tiles": self.num_dense_tiles, "dense_nnz": dense_nnz, "rem_nnz": self.rem_col.numel(),
+                "items": self.item_row.numel(), "split_rows": self.split_row.numel(),
+                "stages": self.dstage.numel() // 4, "panels_with_tiles": int(self.dpanel_dense.sum())}
 
 
 @torch.no_grad()
-def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], *, tile_size: int = 32,
-               threshold: float = 0.05, weighted: bool = False, chunk: int = DEFAULT_CHUNK) -> list[torch.Tensor]:
-    """The block-adaptive plan of the CSR ``(rowptr, col)`` of ``shape`` (see the module doc)."""
+def build_kernel_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], *, threshold: float,
+                      tile_size: int = 32, weighted: bool = False, chunk: int = DEFAULT_CHUNK) -> KernelPlan:
+    """The block-adaptive plan of the CSR ``(rowptr, col)`` of ``shape`` (see the module doc) at a
+    numeric ``threshold`` (``"auto"`` is resolved before: ``TiledAdjacency.kernel_plan``)."""
+    if isinstance(threshold, str):
+        raise TypeError(f"build_kernel_plan takes a numeric threshold, got {threshold!r}; resolve \"auto\" first "
+                        "(TiledAdjacency.kernel_plan does)")
     device, idx = col.device, rowptr.dtype
     n_rows, n_cols = int(shape[0]), int(shape[1])
     nnz = col.numel()
@@ -150,10 +141,8 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
 
     # 1. dense or not, by T x T tile
     if nnz and threshold < 1.0:
-        key_t = (rows // T) * max(1, -(-n_cols // T)) + cols // T
-        _, inverse, counts = torch.unique(key_t, return_inverse=True, return_counts=True)
-        del key_t
-        dense_edge = (counts > threshold * T * T)[inverse]
+        _, inverse, counts = torch.unique(tile_keys(rows, cols, n_cols, T), return_inverse=True, return_counts=True)
+        dense_edge = dense_tiles(counts, threshold, T)[inverse]
         del inverse, counts
     else:
         dense_edge = torch.zeros(nnz, dtype=torch.bool, device=device)
@@ -237,9 +226,11 @@ def build_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], 
                             torch.full_like(item_row, -1, dtype=torch.int32)).to(torch.int32)
     split_ptr = torch.cat([torch.zeros(1, **long), torch.cumsum(nch[split_row], 0)]).to(torch.int32)
     slot_row = item_row[item_split].to(torch.int32)
-    meta = torch.tensor([PLAN_VERSION, KERNEL_TILE, int(weighted), chunk], **long)
-    return [meta, dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
-            item_row.to(idx), item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense]
+    sections = dict(dblock_ptr=dblock_ptr, dwork=dwork, dstage=dstage, dtile_bits=dtile_bits, dtile_roff=dtile_roff,
+                    dense_eid=dense_eid, rem_col=rem_col, rem_eid=rem_eid, item_ptr=item_ptr, item_row=item_row.to(idx),
+                    item_slot=item_slot, split_row=split_row, split_ptr=split_ptr, slot_row=slot_row,
+                    dtile_frag=dtile_frag, dpanel_dense=dpanel_dense)
+    return KernelPlan.pack(sections, threshold=float(threshold), tile_size=T, weighted=weighted, chunk=chunk)
 
 
 def _words(word: torch.Tensor, bit: torch.Tensor, n_tiles: int) -> torch.Tensor:

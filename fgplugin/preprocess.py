@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ._csr import inverse_permutation
 from .cache import cached, default_cache_dir, tensor_digest
 from .tiling import TiledAdjacency
 from .validation import check_edge_index
@@ -41,10 +42,8 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
 
     def build() -> TiledAdjacency:
         perm = reorder(edge_index, method, num_nodes=num_nodes, parts=parts, seed=seed)
-        inv_perm = torch.empty_like(perm)
-        inv_perm[perm] = torch.arange(num_nodes, device=perm.device, dtype=perm.dtype)
-        return TiledAdjacency.from_edge_index(inv_perm[edge_index], num_nodes, edge_weight, tile_size=tile_size,
-                                              threshold=threshold, perm=perm)
+        return TiledAdjacency.from_edge_index(inverse_permutation(perm)[edge_index], num_nodes, edge_weight,
+                                              tile_size=tile_size, threshold=threshold, perm=perm)
 
     if cache is False:
         return build()

@@ -12,8 +12,8 @@ import torch
 from ._csr import aux_dtype_for, rows_of_edges
 
 
-def spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag, t_rowptr=None, t_col=None, t_values=None,
-                   plan=(), t_plan=()):
+def spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag, plan=None, plan_layout=(), t_rowptr=None,
+                   t_col=None, t_values=None, t_plan=None, t_plan_layout=()):
     """out = diag(row_scale) . (A + diag(diag)) . diag(col_scale) . x, accumulated in the aux dtype."""
     acc = aux_dtype_for(x.dtype)
     n_rows = rowptr.numel() - 1
@@ -38,3 +38,29 @@ def sddmm_reference(rowptr, col, a, b):
     acc = aux_dtype_for(a.dtype)
     rows = rows_of_edges(rowptr, col.numel())
     return (a.to(acc).index_select(0, rows) * b.to(acc).index_select(0, col.long())).sum(dim=1)
+
+
+def nonzero_rows_reference(x):
+    """Bool [n_rows]: rows of ``x`` with an entry that is not zero (NaN != 0 counts)."""
+    if x.shape[1] == 0:
+        return torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    return x.abs().amax(dim=1) != 0
+
+
+def pad_columns_reference(x, width):
+    """``x`` with zero columns appended up to ``width``."""
+    return torch.nn.functional.pad(x, (0, width - x.shape[1])).contiguous()
+
+
+def dropout_reference(x, p, seed):
+    raise RuntimeError("fgplugin::dropout needs fgplugin's compiled kernels, which are not built here "
+                       "(fgplugin.extension_status() says why); fgplugin.dropout uses torch's dropout instead")
+
+
+def set_wgmma_reference(enabled):
+    return bool(enabled)  # no CUDA kernels: nothing to switch
+
+
+def dense_tile_arch_reference(device):
+    raise RuntimeError("fgplugin::dense_tile_arch: fgplugin's CUDA kernels are not built here "
+                       "(fgplugin.extension_status() says why)")

@@ -1,10 +1,11 @@
-"""``TiledAdjacency``: one graph's adjacency prepared for block-adaptive SpMM (DESIGN.md).
+"""``TiledAdjacency``: one graph's adjacency prepared for block-adaptive SpMM (docs/design.md).
 
 Rows are destination nodes and columns source nodes, so ``spmm(adj, x)`` aggregates messages
 from sources into destinations the way PyG's ``source_to_target`` flow and DGL's ``update_all``
 do. A holds the graph's edges without added self loops; normalization is kept apart as row and
-column scales plus a per-node diagonal term, so one plan serves every layer
-(see fgplugin/normalization.py).
+column scales plus a per-node diagonal term, so one adjacency serves every layer
+(see fgplugin/normalization.py). Everything the kernels need per graph (the transpose, the
+threshold choice, the CUDA kernel plans) is built once and kept on the adjacency.
 """
 from __future__ import annotations
 
@@ -12,25 +13,23 @@ from dataclasses import dataclass
 
 import torch
 
+from . import autotune
 from ._csr import index_dtype_for, inverse_permutation, rows_of_edges, rowptr_from_sorted_rows
-from .autotune import DEFAULT_THRESHOLD
+from .kernel_plan import DEFAULT_CHUNK, KernelPlan, block_adaptive_available, build_kernel_plan
+from .tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
 from .validation import check_csr, check_edge_index, check_edge_values, check_perm, check_tile_options
 
 
 @dataclass
-class TilePlan:
-    """Classification of the T x T tiles of A into dense tiles and the sparse remainder.
-
-    A tile is dense when its non-zero count exceeds ``threshold * T * T`` (strictly); with
-    ``threshold="auto"`` the CUDA kernel's plan picks its threshold per graph (fgplugin.autotune)
-    and these host-side statistics use the default 0.05. Dense tiles
-    are listed per row panel (rows ``[p*T, (p+1)*T)``) in CSR form: ``panel_ptr`` [n_panels + 1]
-    indexes ``tile_col`` (column-panel index of each dense tile, ascending within a panel) and
-    ``tile_nnz`` (its non-zero count). Everything outside dense tiles is the sparse remainder.
-    """
+class TileStats:
+    """Which ``T x T`` tiles of A are dense at ``threshold`` (fgplugin.tile_density): listed per row
+    panel (rows ``[p*T, (p+1)*T)``) in CSR form, ``panel_ptr`` [n_panels + 1] indexing
+    ``tile_col`` (column-panel index of each dense tile, ascending within a panel) and
+    ``tile_nnz`` (its non-zero count). Host-side statistics; the CUDA kernel's own plan is
+    :class:`fgplugin.kernel_plan.KernelPlan`."""
 
     tile_size: int
-    threshold: float | str
+    threshold: float
     panel_ptr: torch.Tensor
     tile_col: torch.Tensor
     tile_nnz: torch.Tensor
@@ -41,37 +40,27 @@ class TilePlan:
         return self.tile_col.numel()
 
 
-def tile_counts(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], tile_size: int):
-    """``(tiles, counts)``: the ids of the non-empty ``tile_size`` tiles (row panel *
-    column panels + column panel, ascending) and their non-zero counts."""
-    n_col_panels = max(1, -(-shape[1] // tile_size))
-    rows = rows_of_edges(rowptr, col.numel())
-    keys = (rows // tile_size) * n_col_panels + col.long() // tile_size
-    return torch.unique(keys, return_counts=True)
-
-
-def build_tile_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], tile_size: int,
-                    threshold: float) -> TilePlan:
+def tile_stats(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], tile_size: int,
+               threshold: float) -> TileStats:
     n_rows, n_cols = shape
     n_panels = -(-n_rows // tile_size)
     n_col_panels = max(1, -(-n_cols // tile_size))
-    tiles, counts = tile_counts(rowptr, col, shape, tile_size)
-    density = DEFAULT_THRESHOLD if threshold == "auto" else threshold
-    dense = counts > density * tile_size * tile_size
-    dense_tiles = tiles[dense]
-    panel_of_tile = dense_tiles // n_col_panels
-    return TilePlan(
+    tiles, counts = torch.unique(tile_keys(rows_of_edges(rowptr, col.numel()), col, n_cols, tile_size),
+                                 return_counts=True)
+    dense = dense_tiles(counts, threshold, tile_size)
+    dense_ids = tiles[dense]
+    return TileStats(
         tile_size=tile_size,
-        threshold=threshold,
-        panel_ptr=rowptr_from_sorted_rows(panel_of_tile, n_panels, rowptr.dtype),
-        tile_col=(dense_tiles % n_col_panels).to(rowptr.dtype),
+        threshold=float(threshold),
+        panel_ptr=rowptr_from_sorted_rows(dense_ids // n_col_panels, n_panels, rowptr.dtype),
+        tile_col=(dense_ids % n_col_panels).to(rowptr.dtype),
         tile_nnz=counts[dense].to(torch.int32),
         nnz_dense=int(counts[dense].sum()),
     )
 
 
 class TiledAdjacency:
-    r"""Adjacency of one graph in CSR with a T x T tile plan, for :func:`fgplugin.spmm`.
+    r"""Adjacency of one graph in CSR with its tiling options, for :func:`fgplugin.spmm`.
 
     Build it with :meth:`from_edge_index`, :meth:`from_csr` or :meth:`from_scipy`; layers and
     transforms do this for you. The object computes
@@ -88,30 +77,34 @@ class TiledAdjacency:
             when built from an edge list.
         values: edge weights in CSR order, or ``None`` for unit weights (costs no bytes).
         edge_perm: CSR position -> position in the edge list it was built from, or ``None``.
-        tiles: the :class:`TilePlan`.
+        tile_size, threshold: tiles are ``tile_size`` square; one is dense above ``threshold``
+            (a density, or ``"auto"``: chosen per graph and dtype class on the GPU by a short
+            timed probe before the first kernel plan is built; fgplugin.autotune).
         perm, inv_perm: node permutation of a reordered graph (``perm``: new -> old, so
             ``x_new = x_old[perm]``; ``inv_perm``: old -> new), or ``None``.
     """
 
-    def __init__(self, rowptr, col, values, shape, *, tile_size=32, threshold=0.05, edge_perm=None, perm=None,
-                 tiles=None, _shared=None):
+    def __init__(self, rowptr, col, values, shape, *, tile_size=32, threshold=DEFAULT_THRESHOLD, edge_perm=None,
+                 perm=None, _shared=None):
         self.shape = (int(shape[0]), int(shape[1]))
         self.rowptr = rowptr
         self.col = col
         self.values = values
         self.edge_perm = edge_perm
-        self.perm = perm
-        self.inv_perm = None if perm is None else inverse_permutation(perm)
-        self.tiles = tiles if tiles is not None else build_tile_plan(rowptr, col, self.shape, tile_size, threshold)
-        # Caches that depend on the structure only (transpose, degrees, self loops), shared with
-        # the copies made by with_values(); and caches that depend on the values (normalizations).
+        self.tile_size = int(tile_size)
+        self.threshold = threshold
+        self._perm, self._inv_perm = perm, None
+        # Caches that depend on the structure only (transpose, degrees, self loops, threshold
+        # choices, kernel plans), shared with the copies made by with_values(); and caches that
+        # depend on the values (normalizations).
         self._shared = {} if _shared is None else _shared
         self._cache = {}
 
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_edge_index(cls, edge_index, num_nodes=None, edge_weight=None, *, size=None, tile_size=32,
-                        threshold=0.05, index_dtype=None, keep_edge_order=True, perm=None) -> "TiledAdjacency":
+                        threshold=DEFAULT_THRESHOLD, index_dtype=None, keep_edge_order=True,
+                        perm=None) -> "TiledAdjacency":
         """From a PyG-style ``edge_index`` [2, E] (row 0 = source, row 1 = target).
 
         Args:
@@ -120,7 +113,8 @@ class TiledAdjacency:
             edge_weight (Tensor, optional): [E] finite edge weights; duplicate edges are summed.
             size ((int, int), optional): ``(num_src_nodes, num_dst_nodes)`` of a bipartite graph,
                 PyG's ``size`` convention; excludes ``num_nodes``.
-            tile_size, threshold: tile plan options (T, dense when nnz > threshold * T * T).
+            tile_size, threshold: tiling options (T, dense when nnz > threshold * T * T, or
+                ``"auto"``).
             index_dtype: force ``torch.int32`` or ``torch.int64`` indices (default: int32 while
                 everything fits).
             keep_edge_order: keep ``edge_perm`` so that later per-edge tensors given in edge-list
@@ -147,8 +141,8 @@ class TiledAdjacency:
                    edge_perm=edge_perm, perm=perm)
 
     @classmethod
-    def from_csr(cls, rowptr, col, values=None, *, shape=None, tile_size=32, threshold=0.05, index_dtype=None,
-                 perm=None) -> "TiledAdjacency":
+    def from_csr(cls, rowptr, col, values=None, *, shape=None, tile_size=32, threshold=DEFAULT_THRESHOLD,
+                 index_dtype=None, perm=None) -> "TiledAdjacency":
         """From CSR arrays with rows = destination nodes; ``shape`` defaults to square."""
         check_tile_options(tile_size, threshold)
         rowptr, col, shape = check_csr(rowptr, col, shape)
@@ -171,28 +165,31 @@ class TiledAdjacency:
                             values, shape=csr.shape, **options)
 
     def with_values(self, edge_values) -> "TiledAdjacency":
-        """The same structure (and plan) with new edge weights, or ``None`` for unit weights.
-        Differentiable. The weights come in the order of the edge list this adjacency was built
-        from (``from_edge_index``), or in CSR order when it was built from CSR or scipy. The
+        """The same structure (and kernel plans) with new edge weights, or ``None`` for unit
+        weights. Differentiable. The weights come in the order of the edge list this adjacency was
+        built from (``from_edge_index``), or in CSR order when it was built from CSR or scipy. The
         finite-value check is skipped under torch.compile, where it would need a host sync."""
         if edge_values is not None:
             edge_values = check_edge_values(edge_values, self.nnz, "edge values", self.device,
                                             check_finite=not torch.compiler.is_compiling())
             if self.edge_perm is not None:
                 edge_values = edge_values[self.edge_perm.long()]
-        clone = TiledAdjacency(self.rowptr, self.col, edge_values, self.shape, edge_perm=self.edge_perm,
-                               tiles=self.tiles, _shared=self._shared)
-        clone.perm, clone.inv_perm = self.perm, self.inv_perm
-        return clone
+        return self._copy(values=edge_values)
 
     def with_tiles(self, tile_size=None, threshold=None) -> "TiledAdjacency":
-        """The same graph with a tile plan of another tile size or density threshold."""
-        tile_size = self.tiles.tile_size if tile_size is None else tile_size
-        threshold = self.tiles.threshold if threshold is None else threshold
+        """The same graph with another tile size or density threshold."""
+        tile_size = self.tile_size if tile_size is None else tile_size
+        threshold = self.threshold if threshold is None else threshold
         check_tile_options(tile_size, threshold)
-        clone = TiledAdjacency(self.rowptr, self.col, self.values, self.shape, tile_size=tile_size,
-                               threshold=threshold, edge_perm=self.edge_perm, _shared=self._shared)
-        clone.perm, clone.inv_perm = self.perm, self.inv_perm
+        return self._copy(tile_size=tile_size, threshold=threshold)
+
+    def _copy(self, **changes) -> "TiledAdjacency":
+        """A copy sharing the structure's caches (``_shared``: transpose, plans, threshold choices)."""
+        kwargs = dict(values=self.values, tile_size=self.tile_size, threshold=self.threshold)
+        kwargs.update(changes)
+        clone = TiledAdjacency(self.rowptr, self.col, kwargs.pop("values"), self.shape, edge_perm=self.edge_perm,
+                               perm=self.perm, _shared=self._shared, **kwargs)
+        clone._inv_perm = self._inv_perm
         return clone
 
     # ------------------------------------------------------------------ structure
@@ -216,9 +213,42 @@ class TiledAdjacency:
         return self.shape[0]
 
     @property
+    def perm(self) -> torch.Tensor | None:
+        """new -> old node ids of a reordered graph (``x_new = x_old[perm]``), or ``None``."""
+        return self._perm
+
+    @perm.setter
+    def perm(self, perm: torch.Tensor | None) -> None:
+        self._perm, self._inv_perm = perm, None
+
+    @property
+    def inv_perm(self) -> torch.Tensor | None:
+        """old -> new node ids (the inverse of ``perm``), computed once."""
+        if self._inv_perm is None and self._perm is not None:
+            self._inv_perm = inverse_permutation(self._perm)
+        return self._inv_perm
+
+    @property
+    def tiles(self) -> TileStats:
+        """The dense tiles at the threshold in force (for ``"auto"``: the one the probe chose for
+        float32 on this device if it ran, else the default), computed once."""
+        threshold = self._stats_threshold()
+        key = ("tile_stats", self.tile_size, threshold)
+        stats = self._shared.get(key)
+        if stats is None:
+            stats = self._shared[key] = tile_stats(self.rowptr, self.col, self.shape, self.tile_size, threshold)
+        return stats
+
+    @property
     def dense_share(self) -> float:
-        """Share of the non-zeros that sit in dense tiles."""
+        """Share of the non-zeros that sit in dense tiles (of :attr:`tiles`)."""
         return self.tiles.nnz_dense / self.nnz if self.nnz else 0.0
+
+    def _stats_threshold(self) -> float:
+        if self.threshold != "auto":
+            return float(self.threshold)
+        chosen = self._shared.get(("auto_threshold", self.tile_size, self.device, "fp32"))
+        return DEFAULT_THRESHOLD if chosen is None else chosen["threshold"]
 
     def transpose(self):
         """CSR of A^T as ``(t_rowptr, t_col, t_perm)``, built on first use and cached.
@@ -240,6 +270,12 @@ class TiledAdjacency:
         cached = (t_rowptr, t_col, t_perm.to(self.col.dtype))
         self._shared["transpose"] = cached
         return cached
+
+    @property
+    def is_symmetric(self) -> bool:
+        """Whether A's structure equals its transpose's (builds the transpose)."""
+        t_rowptr, t_col, _ = self.transpose()
+        return t_rowptr is self.rowptr and t_col is self.col
 
     def in_degree(self, weighted: bool = False) -> torch.Tensor:
         """Number (or summed weight) of in-edges per destination node, as float."""
@@ -302,22 +338,82 @@ class TiledAdjacency:
     def _rows(self) -> torch.Tensor:
         return rows_of_edges(self.rowptr, self.nnz)
 
+    # ------------------------------------------------------------------ kernel plans
+    def kernel_plan(self, dtype: torch.dtype, *, transpose: bool = False) -> KernelPlan | None:
+        """The block-adaptive CUDA kernel's plan of A (or of A^T) for features of ``dtype``, or
+        ``None`` where the plain kernels run (off CUDA, float64, block-adaptive kernel off or not
+        built). Built once and kept: ``threshold="auto"`` is resolved first
+        (:meth:`resolved_threshold`). Under torch.compile only a plan built before is returned
+        (building needs host syncs); without one the plain CSR kernel runs."""
+        if not block_adaptive_available(self.device, dtype):
+            return None
+        threshold = self.resolved_threshold(dtype)
+        if threshold is None:
+            return None
+        if transpose:
+            t_rowptr, t_col, _ = self.transpose()
+            if t_rowptr is self.rowptr and t_col is self.col:
+                transpose = False  # structurally symmetric: A^T's CSR is A's, and so is its plan
+        weighted = self.values is not None
+        key = ("kernel_plan", transpose, self.tile_size, threshold, weighted, self.device)
+        plan = self._shared.get(key)
+        if plan is None and not torch.compiler.is_compiling():
+            rowptr, col = (self.transpose()[:2]) if transpose else (self.rowptr, self.col)
+            shape = (self.shape[1], self.shape[0]) if transpose else self.shape
+            plan = self._shared[key] = build_kernel_plan(rowptr, col, shape, threshold=threshold,
+                                                         tile_size=self.tile_size, weighted=weighted,
+                                                         chunk=DEFAULT_CHUNK)
+        return plan
+
+    def cached_kernel_plan(self, threshold: float, weighted: bool) -> KernelPlan | None:
+        """A plan of A at ``threshold`` built before (for the threshold probe), or ``None``."""
+        return self._shared.get(("kernel_plan", False, self.tile_size, float(threshold), weighted, self.device))
+
+    def resolved_threshold(self, dtype: torch.dtype = torch.float32) -> float | None:
+        """The numeric threshold the kernel plans use for features of ``dtype``: the fixed one, or
+        for ``"auto"`` the probe's choice (run once per device and dtype class; off CUDA the
+        default). ``None`` under torch.compile when the probe has not run yet."""
+        if self.threshold != "auto":
+            return float(self.threshold)
+        key = ("auto_threshold", self.tile_size, self.device, autotune.dtype_class(dtype))
+        chosen = self._shared.get(key)
+        if chosen is None:
+            if torch.compiler.is_compiling():
+                return None
+            chosen = self._shared[key] = autotune.choose_threshold(self, dtype)
+        return chosen["threshold"]
+
+    def prepare(self, dtype: torch.dtype = torch.float32, *, transpose: bool = True) -> float | None:
+        """Builds the kernel plans for features of ``dtype`` now (running the ``"auto"`` probe
+        first if asked for) instead of in the first forward and backward pass, and returns the
+        threshold in use, or ``None`` where the plain kernels run.
+
+        Why: a training loop's first step otherwise pays for the probe and the plans (0.5-1.5 s on
+        a 75-200M-edge graph on an H100), which belongs with preprocessing."""
+        if self.kernel_plan(dtype) is None:
+            return None
+        if transpose:
+            self.kernel_plan(dtype, transpose=True)
+        return self.resolved_threshold(dtype)
+
     # ------------------------------------------------------------------ devices, memory, pickling
     def to(self, device=None, non_blocking: bool = False, **_ignored) -> "TiledAdjacency":
-        """A copy on ``device`` (plan, transpose and permutation included). Extra keyword
-        arguments that ``torch.Tensor.to`` takes are accepted, so ``data.to(device)`` of a PyG
-        ``Data`` that holds this object works."""
+        """A copy on ``device`` (transpose and permutation included; kernel plans are rebuilt
+        there when first needed). Extra keyword arguments that ``torch.Tensor.to`` takes are
+        accepted, so ``data.to(device)`` of a PyG ``Data`` that holds this object works."""
         if device is None or torch.device(device) == self.device:
             return self
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        tiles = TilePlan(self.tiles.tile_size, self.tiles.threshold, move(self.tiles.panel_ptr),
-                         move(self.tiles.tile_col), move(self.tiles.tile_nnz), self.tiles.nnz_dense)
-        shared = {}
-        if "transpose" in self._shared:
-            shared["transpose"] = tuple(move(t) for t in self._shared["transpose"])
         out = TiledAdjacency(move(self.rowptr), move(self.col), move(self.values), self.shape,
-                             edge_perm=move(self.edge_perm), tiles=tiles, _shared=shared)
-        out.perm, out.inv_perm = move(self.perm), move(self.inv_perm)
+                             tile_size=self.tile_size, threshold=self.threshold, edge_perm=move(self.edge_perm),
+                             perm=move(self.perm))
+        transpose = self._shared.get("transpose")
+        if transpose is not None:
+            t_rowptr, t_col, t_perm = transpose
+            symmetric = t_rowptr is self.rowptr and t_col is self.col  # keep sharing A's arrays
+            out._shared["transpose"] = ((out.rowptr, out.col) if symmetric else (move(t_rowptr), move(t_col))) \
+                + (move(t_perm),)
+        out._inv_perm = move(self._inv_perm)
         return out
 
     def cpu(self) -> "TiledAdjacency":
@@ -327,46 +423,79 @@ class TiledAdjacency:
         return self.to(torch.device("cuda", device) if isinstance(device, int) else (device or "cuda"))
 
     def _tensors(self):
-        yield from (self.rowptr, self.col, self.values, self.edge_perm, self.perm, self.inv_perm,
-                    self.tiles.panel_ptr, self.tiles.tile_col, self.tiles.tile_nnz)
+        yield from (self.rowptr, self.col, self.values, self.edge_perm, self._perm, self._inv_perm)
+        seen = {id(self.rowptr), id(self.col)}
         transpose = self._shared.get("transpose")
         if transpose is not None:
-            seen = {id(self.rowptr), id(self.col)}
             yield from (t for t in transpose if id(t) not in seen)
+        for key, value in self._shared.items():
+            if isinstance(value, KernelPlan):
+                yield value.buffer
+            elif isinstance(value, TileStats):
+                yield from (value.panel_ptr, value.tile_col, value.tile_nnz)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the structure, plan, transpose (if built) and permutations."""
+        """Bytes held by the structure, permutations and what was built from them (transpose,
+        kernel plans, tile statistics)."""
         return sum(t.numel() * t.element_size() for t in self._tensors() if t is not None)
 
     def __getstate__(self):
         # Plain tensors, numbers and tuples only, so torch.load(weights_only=True) can read it back
-        # (fgplugin registers this class with torch.serialization.add_safe_globals).
-        tiles = self.tiles
+        # (fgplugin registers this class with torch.serialization.add_safe_globals). Kernel plans
+        # are device-specific and rebuilt where the adjacency is used.
         return {
-            "shape": self.shape, "rowptr": self.rowptr, "col": self.col, "values": self.values,
-            "edge_perm": self.edge_perm, "perm": self.perm,
-            "tiles": (tiles.tile_size, tiles.threshold, tiles.panel_ptr, tiles.tile_col, tiles.tile_nnz, tiles.nnz_dense),
-            "transpose": self._shared.get("transpose"),
+            "format": _STATE_FORMAT, "shape": self.shape, "rowptr": self.rowptr, "col": self.col,
+            "values": self.values, "edge_perm": self.edge_perm, "perm": self.perm,
+            "tile_size": self.tile_size, "threshold": self.threshold,
         }
 
     def __setstate__(self, state):
-        tile_size, threshold, panel_ptr, tile_col, tile_nnz, nnz_dense = state["tiles"]
-        shared = {} if state["transpose"] is None else {"transpose": tuple(state["transpose"])}
-        self.__init__(state["rowptr"], state["col"], state["values"], state["shape"], edge_perm=state["edge_perm"],
-                      perm=state["perm"], tiles=TilePlan(tile_size, threshold, panel_ptr, tile_col, tile_nnz, nnz_dense),
-                      _shared=shared)
+        """Restores a pickled adjacency and checks it as the constructors check their inputs: a
+        damaged or hand-edited file raises a ValueError here, before any kernel reads it."""
+        if "format" not in state:  # written before the state had a format: its tile plan is dropped
+            tile_size, threshold = state["tiles"][:2]
+            state = {**state, "tile_size": tile_size, "threshold": threshold}
+        shape = tuple(state["shape"])
+        try:
+            rowptr, col, shape = check_csr(state["rowptr"], state["col"], shape)
+            check_tile_options(state["tile_size"], state["threshold"])
+            values = state["values"]
+            if values is not None:
+                values = check_edge_values(values, col.numel(), "values", col.device)
+            edge_perm = state["edge_perm"]
+            if edge_perm is not None:
+                edge_perm = check_perm(edge_perm, col.numel(), col.device, what="edge_perm")
+            perm = state["perm"]
+            if perm is not None:
+                perm = check_perm(perm, shape[0], col.device)
+        except (TypeError, ValueError, KeyError) as err:
+            raise ValueError(f"this saved TiledAdjacency is damaged or was edited ({err}); rebuild it from the "
+                             "graph's edge_index (e.g. TiledAdjacency.from_edge_index or the BlockReorder "
+                             "transform)") from err
+        # int32 only when both arrays were (check_csr widened them; every id fits what they held)
+        dtype = torch.int32 if state["rowptr"].dtype == state["col"].dtype == torch.int32 else torch.int64
+        self.__init__(rowptr.to(dtype), col.to(dtype), values, shape,
+                      edge_perm=None if edge_perm is None else edge_perm.to(dtype), perm=perm,
+                      tile_size=state["tile_size"], threshold=state["threshold"])
 
     def __repr__(self) -> str:
+        if self.threshold == "auto":
+            chosen = self._stats_threshold()
+            threshold = f"auto ({100 * chosen:.3g}% {'chosen' if chosen != DEFAULT_THRESHOLD or self._probed() else 'until probed'})"
+        else:
+            threshold = f"{100 * float(self.threshold):.3g}%"
         tiles = self.tiles
         return (f"TiledAdjacency(shape={self.shape}, nnz={self.nnz}, index={str(self.col.dtype).replace('torch.', '')}, "
-                f"weighted={self.values is not None}, tiles={tiles.tile_size}x{tiles.tile_size} dense above "
-                f"{_threshold_text(tiles.threshold)}: {tiles.num_dense_tiles} tiles holding {100 * self.dense_share:.1f}% of nnz, "
+                f"weighted={self.values is not None}, tiles={self.tile_size}x{self.tile_size} dense above "
+                f"{threshold}: {tiles.num_dense_tiles} tiles holding {100 * self.dense_share:.1f}% of nnz, "
                 f"reordered={self.perm is not None}, device={self.device}, nbytes={self.nbytes})")
 
+    def _probed(self) -> bool:
+        return ("auto_threshold", self.tile_size, self.device, "fp32") in self._shared
 
-def _threshold_text(threshold) -> str:
-    return "auto (5% here)" if threshold == "auto" else f"{100 * threshold:.3g}%"
+
+_STATE_FORMAT = 2
 
 
 def _resolve_size(edge_index, num_nodes, size) -> tuple[int, int]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from .tile_density import check_threshold
+
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
     # PyG's EdgeIndex and other Tensor subclasses: the checks need only the data.
@@ -80,21 +82,19 @@ def check_csr(rowptr, col, shape):
     return rowptr, col, shape
 
 
-def check_perm(perm, n: int, device: torch.device) -> torch.Tensor:
+def check_perm(perm, n: int, device: torch.device, what: str = "perm") -> torch.Tensor:
+    """``perm`` as int64 on ``device`` if it is a permutation of 0..n-1 (``what`` names it in errors)."""
+    meaning = "new -> old node ids" if what == "perm" else "positions"
     if not isinstance(perm, torch.Tensor) or perm.dim() != 1 or perm.numel() != n or perm.dtype.is_floating_point:
-        raise ValueError(f"perm must be a 1-D integer tensor of length {n} (new -> old node ids)")
+        raise ValueError(f"{what} must be a 1-D integer tensor of length {n} ({meaning})")
     perm = _plain(perm).to(device=device, dtype=torch.long)
     seen = torch.zeros(n, dtype=torch.bool, device=device)
     if n and (int(perm.min()) < 0 or int(perm.max()) >= n or not bool(seen.index_fill_(0, perm, True).all())):
-        raise ValueError(f"perm must be a permutation of 0..{n - 1}; it has repeated or out-of-range ids")
+        raise ValueError(f"{what} must be a permutation of 0..{n - 1}; it has repeated or out-of-range ids")
     return perm
 
 
 def check_tile_options(tile_size, threshold) -> None:
     if not isinstance(tile_size, int) or isinstance(tile_size, bool) or tile_size < 1:
         raise ValueError(f"tile_size must be a positive int (32 is the default and what the CUDA kernel tiles), got {tile_size!r}")
-    if threshold == "auto":
-        return
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"threshold must be a density in [0, 1] (0.05 = a tile is dense above 5% non-zeros) or "
-                         f"\"auto\" (chosen per graph on the GPU by a short timed probe), got {threshold!r}")
+    check_threshold(threshold)

@@ -1,9 +1,34 @@
+import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
 import fgplugin  # noqa: F401  (builds/loads the kernels once, before any test runs)
+from fgplugin.datasets import ENV_VAR, data_dir
+
+
+def require_data_dir() -> Path:
+    """For tests needing the real ``.npz`` graphs: ``$FGPLUGIN_DATA_DIR``, else skip (locally) or
+    fail (in CI, ``$CI`` = ``true`` or ``1``, where a missing or empty data folder is a broken
+    setup rather than a reason to skip).
+
+    Import it in a test module with ``from conftest import require_data_dir``.
+    """
+    folder = data_dir()
+    if folder is not None and folder.is_dir() and any(folder.glob("*.npz")):
+        return folder
+    if folder is None:
+        why = f"{ENV_VAR} is not set"
+    elif not folder.is_dir():
+        why = f"{ENV_VAR}={folder} is not a folder"
+    else:
+        why = f"{ENV_VAR}={folder} holds no .npz files"
+    msg = f"real graph data not found: {why}; set {ENV_VAR} to the folder holding the .npz graphs"
+    if os.environ.get("CI", "").strip().lower() in ("true", "1"):
+        pytest.fail(msg)
+    pytest.skip(msg)
 
 
 @pytest.fixture

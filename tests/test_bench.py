@@ -1,5 +1,8 @@
-"""fgplugin.bench: baselines equal stock DGL / PyG numerically; the CLI writes schema-valid JSON."""
+"""fgplugin.bench: baselines equal stock DGL / PyG numerically; the CLI writes schema-valid JSON,
+runs from the installed package alone (no data folder, no source checkout) and reports failures."""
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,19 @@ import fgplugin
 from fgplugin.bench import baselines as B
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = Path(fgplugin.__file__).resolve().parent
+
+
+def _env(**extra):
+    """The environment of a CLI run: no data folder, no commit, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FGPLUGIN_DATA_DIR", "FGPLUGIN_COMMIT")}
+    return env | extra
+
+
+def _cli(args, cwd, timeout=300, **env):
+    """``python -m fgplugin bench ARGS`` in ``cwd`` (not the source tree), as a user would run it."""
+    return subprocess.run([sys.executable, "-m", "fgplugin", "bench", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, env=_env(**env))
 
 
 def _graph(n=300, seed=0):
@@ -96,12 +112,13 @@ def test_cli_epoch_writes_schema_json(tmp_path):
     out = tmp_path / "res"
     proc = subprocess.run([sys.executable, "-m", "fgplugin.bench", "epoch", "--graphs", "tiny", "--epochs", "3",
                            "--warmup", "1", "--device", "cpu", "--out", str(out), "--no-progress"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300, env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((out / "epoch.json").read_text())
-    for key in ("suite", "device", "torch", "cuda", "commit", "command", "rows"):
+    for key in ("suite", "device", "torch", "cuda", "commit", "command", "rows", "fgplugin_version"):
         assert key in res
     assert res["suite"] == "epoch" and "python -m fgplugin.bench epoch --graphs tiny" in res["command"]
+    assert res["commit"] is None and res["fgplugin_version"] == fgplugin.__version__
     assert (out / "epoch.md").is_file()
     epoch_rows = [r for r in res["rows"] if r["op"] == "epoch"]
     from fgplugin.bench.epoch import default_impls
@@ -110,8 +127,8 @@ def test_cli_epoch_writes_schema_json(tmp_path):
     for r in res["rows"]:
         for key in ("graph", "order", "impl", "op", "ms_median"):
             assert key in r
-        assert r["ms_median"] is not None or r["error"]
-        if r["op"] == "epoch" and r["ms_median"] is not None:
+        assert r["ms_median"] is not None and not r.get("error"), r  # defaults: only impls that can run
+        if r["op"] == "epoch":
             assert r["ms_min"] <= r["ms_median"] <= r["ms_max"] and r["reps"] == 3
             assert r["precision"] == "fp32" and r["F"] == 32
     assert any(r["impl"] == "fgplugin" and r["ms_median"] for r in epoch_rows)
@@ -127,9 +144,138 @@ def test_cli_epoch_writes_schema_json(tmp_path):
                                                   + kept.get("grad_rows_ms", 0.0))
 
 
-def test_cli_bad_suite_is_a_clear_error():
-    proc = subprocess.run([sys.executable, "-m", "fgplugin", "bench", "nope"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+def test_cli_runs_without_data_or_checkout(tmp_path):
+    """(a) A synthetic graph needs no data folder; run away from the source tree, the command
+    writes its JSON, records the commit it is given and exits 0."""
+    out = tmp_path / "out"
+    proc = _cli(["epoch", "--device", "cpu", "--graphs", "tiny", "--epochs", "1", "--warmup", "0", "--impls",
+                 "fgplugin", "--orders", "original", "--out", str(out), "--no-progress"], cwd=tmp_path,
+                FGPLUGIN_COMMIT="0123abc")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "epoch.json").read_text())
+    assert res["commit"] == "0123abc" and res["fgplugin_version"] == fgplugin.__version__
+    assert [(r["graph"], r["impl"], r["op"]) for r in res["rows"]] == [
+        ("tiny", "fgplugin", op) for op in ("epoch", "preprocess", "train200")]
+    assert all(r["ms_median"] is not None for r in res["rows"]) and "FAILED" not in proc.stderr
+
+
+def test_cli_failed_row_is_reported_and_exits_1(tmp_path):
+    """(b) An unknown graph fails its rows: each printed on stderr with graph / order / impl and
+    the reason (here: no data folder to look the name up in); the rest still runs."""
+    out = tmp_path / "out"
+    proc = _cli(["epoch", "--device", "cpu", "--graphs", "no-such-graph,tiny", "--epochs", "1", "--warmup", "0",
+                 "--impls", "fgplugin", "--orders", "original", "--out", str(out), "--no-progress",
+                 "--commit", "feedbee"], cwd=tmp_path, FGPLUGIN_COMMIT="ignored")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert re.search(r"FAILED no-such-graph / original / fgplugin .*FileNotFoundError.*FGPLUGIN_DATA_DIR",
+                     proc.stderr), proc.stderr[-3000:]
+    assert "FAILED tiny" not in proc.stderr
+    res = json.loads((out / "epoch.json").read_text())
+    assert res["commit"] == "feedbee"
+    ok = [r for r in res["rows"] if r["graph"] == "tiny"]
+    assert ok and all(r["ms_median"] is not None for r in ok)
+
+
+def test_cli_unrunnable_explicit_impl_is_a_failed_row(tmp_path, monkeypatch, capsys):
+    from fgplugin.bench.cli import main
+
+    def unavailable(*args, **kwargs):
+        raise B.ImplUnavailable("DGL not installed")
+
+    monkeypatch.setattr(B, "build", unavailable)
+    monkeypatch.delenv("FGPLUGIN_COMMIT", raising=False)
+    assert main(["epoch", "--device", "cpu", "--graphs", "tiny", "--epochs", "1", "--warmup", "0", "--impls", "dgl",
+                 "--orders", "original", "--out", str(tmp_path), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED tiny / original / dgl (epoch, preprocess, train200): DGL not installed" in err
+
+
+def test_default_impls_leave_out_what_cannot_run(monkeypatch):
+    from fgplugin.bench import epoch
+
+    missing = {"dgl", "fgplugin-dgl"}
+    monkeypatch.setattr(B, "unavailable", lambda impl, device: "DGL not installed" if impl in missing else None)
+    left_out = {}
+    impls = epoch.default_impls("cpu", left_out)
+    assert not missing & set(impls) and "fgplugin" in impls and "fgplugin-torch-dropout" in impls
+    assert left_out == {"DGL not installed": ["dgl", "fgplugin-dgl"]}
+    assert "fgplugin-torch-dropout" not in epoch.candidate_impls("cuda")
+
+
+@pytest.mark.parametrize("suite", ["spmm", "threshold"])
+def test_gpu_suites_without_gpu_exit_2(suite, tmp_path, capsys):
+    """(d) The spmm and threshold suites time CUDA kernels: no GPU, nothing run, status 2."""
+    if torch.cuda.is_available() and fgplugin.extension_status().cuda:
+        pytest.skip("this machine can run the GPU suites")
+    from fgplugin.bench.cli import main
+
+    assert main([suite, "--quick", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"fgplugin bench {suite}:" in err and "CUDA" in err and "Nothing was run" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpu_suite_on_cpu_device_exits_2(tmp_path, capsys):
+    from fgplugin.bench.cli import main
+
+    assert main(["spmm", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_cli_spmm_without_gpu_in_a_subprocess(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = _cli(["spmm"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_accuracy_without_data_exits_2(tmp_path, monkeypatch, capsys):
+    from fgplugin.bench.cli import main
+
+    monkeypatch.delenv("FGPLUGIN_DATA_DIR", raising=False)
+    assert main(["accuracy", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "set FGPLUGIN_DATA_DIR" in err.replace("Set", "set") and "--graphs" in err
+    monkeypatch.setenv("FGPLUGIN_DATA_DIR", str(tmp_path))  # a folder without the graphs
+    assert main(["accuracy", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert "cora.npz" in capsys.readouterr().err
+
+
+def test_spmm_options_belong_to_spmm(tmp_path):
+    from fgplugin.bench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["epoch", "--reps", "3", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["spmm", "--impls", "dgl", "--out", str(tmp_path)])  # not an impl of the spmm suite
+
+
+_BESIDE_THE_CHECKOUT = r"\.\./[\w-]+/(data|docs)\b"  # a folder next to a source checkout, e.g. ../<x>/data
+_BENCH_CODE = [PACKAGE / "__main__.py", *sorted((PACKAGE / "bench").rglob("*.py")),
+               *sorted((PACKAGE / "datasets").rglob("*.py"))]
+
+
+@pytest.mark.parametrize("path", _BENCH_CODE, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_bench_code_is_self_contained(path):
+    """(c) The bench code runs from an installed package: no child process of its own, no
+    version control, no test framework, no data folder beside a checkout, no checkout scripts."""
+    text = path.read_text()
+    for pattern in (r"subprocess", r"\bgit\b", r"pytest", _BESIDE_THE_CHECKOUT, r"(?<!docs/)benchmarks/\w+\.py"):
+        assert not re.search(pattern, text), f"{path.name}: {pattern}"
+
+
+def test_package_names_no_data_folder_beside_a_checkout():
+    """(c) Nowhere in the package or its adapters (tests excluded) is the data folder a relative
+    path beside the source tree: data comes from $FGPLUGIN_DATA_DIR or a given path."""
+    roots = [PACKAGE, *(p for p in (PACKAGE.parent / "adapters",) if p.is_dir())]
+    offenders = [str(p) for root in roots for p in root.rglob("*.py")
+                 if "tests" not in p.relative_to(root).parts and re.search(_BESIDE_THE_CHECKOUT, p.read_text())]
+    assert offenders == []
+
+
+def test_cli_bad_suite_is_a_clear_error(tmp_path):
+    proc = _cli(["nope"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2
     assert "unknown suite 'nope'" in proc.stderr and "epoch" in proc.stderr
 
@@ -162,8 +308,8 @@ def test_missing_framework_row_keeps_its_place(monkeypatch):
 
 
 def test_bench_does_not_import_frameworks():
-    code = "import sys, fgplugin.bench, fgplugin.bench.epoch, fgplugin.bench.report; " \
-           "print('torch_geometric' in sys.modules, 'dgl' in sys.modules)"
+    code = "import sys, fgplugin.bench, fgplugin.bench.epoch, fgplugin.bench.report, fgplugin.bench.spmm, " \
+           "fgplugin.bench.scaling; print('torch_geometric' in sys.modules, 'dgl' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.stdout.split() == ["False", "False"], out.stderr[-2000:]
 
@@ -179,3 +325,77 @@ def test_accuracy_suite_runs_every_impl_on_every_order():
     for r in rows:
         assert len(r["values"]) == 2 and all(0.0 <= v <= 1.0 for v in r["values"])
         assert r["value"] == pytest.approx(sum(r["values"]) / 2)
+
+
+def test_reorder_suite_unknown_graph_keeps_its_rows(tmp_path, capsys):
+    from fgplugin.bench.cli import main
+    assert main(["reorder", "--graphs", "no-such-graph", "--orders", "degsort", "--device", "cpu", "--out",
+                 str(tmp_path), "--no-progress"]) == 1
+    rows = json.loads((tmp_path / "reorder.json").read_text())["rows"]
+    assert [(r["order"], r["ms_median"]) for r in rows] == [("original", None), ("degsort", None)]
+    assert "FAILED no-such-graph / degsort / fgplugin" in capsys.readouterr().err
+
+
+def test_accuracy_suite_unknown_graph_keeps_its_rows():
+    from fgplugin.bench import epoch
+
+    rows = epoch.run_accuracy_suite(["no-such-graph"], impls=("fgplugin",), orders=("original",), seeds=(0,),
+                                    epochs=1, log=lambda *a: None)
+    assert len(rows) == 1 and rows[0]["value"] is None and "FileNotFoundError" in rows[0]["error"]
+
+
+def test_failures_group_a_runs_rows():
+    from fgplugin.bench.report import failures
+
+    rows = [{"graph": "g", "order": "original", "impl": "dgl", "op": op, "error": "DGL not installed"}
+            for op in ("epoch", "preprocess", "train200")]
+    rows += [{"graph": "g", "order": "original", "impl": "fgplugin", "op": "epoch", "ms_median": 1.0, "error": None}]
+    assert failures(rows) == ["g / original / dgl (epoch, preprocess, train200): DGL not installed"]
+
+
+# ---------------------------------------------------------------- spmm / threshold / scaling suites
+def test_spmm_sample_reference_matches_dense():
+    from fgplugin.bench.spmm import sample_reference
+
+    ei, n, x = _graph(n=120, seed=4)
+    adj = fgplugin.TiledAdjacency.from_edge_index(ei, n)
+    r, c, d = adj.norm("gcn")
+    dense = torch.zeros(n, n, dtype=torch.float64)
+    dense[torch.repeat_interleave(torch.arange(n), adj.rowptr.long().diff()), adj.col.long()] = 1.0
+    full = r.double()[:, None] * ((dense + torch.diag(d.double())) @ (c.double()[:, None] * x.double()))
+    rows = torch.tensor([0, 5, 17, n - 1])
+    torch.testing.assert_close(sample_reference(adj.rowptr, adj.col, x, r, c, d, rows), full[rows])
+
+
+def test_threshold_auto_vs_best():
+    from fgplugin.bench.spmm import auto_vs_best
+
+    rows = [{"graph": "g", "order": "community", "op": "spmm_fwd", "threshold": t, "ms_median": ms}
+            for t, ms in (("auto", 1.1), (0.02, 1.0), (0.05, 1.2), (0.1, None))]
+    assert auto_vs_best(rows) == [{"graph": "g", "order": "community", "op": "spmm_fwd", "auto_over_best_fixed": 1.1}]
+
+
+def test_scaling_help_runs_from_the_module(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fgplugin.bench.scaling", "--help"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120, env=_env())
+    assert proc.returncode == 0 and "--gpus" in proc.stdout and "--launch-timeout" in proc.stdout, proc.stderr
+
+
+def test_scaling_gloo_smoke_run(tmp_path):
+    """The scaling suite's CPU path: one gloo rank launched through torch.distributed.run with
+    ``-m fgplugin.bench.scaling`` (no script path), on the tiny preset."""
+    out = tmp_path / "out"
+    proc = _cli(["scaling", "--graphs", "tiny", "--gpus", "1", "--backend", "gloo", "--epochs", "1", "--warmup", "0",
+                 "--orders", "original", "--comm", "sparse", "--out", str(out), "--cache", str(tmp_path / "perm"),
+                 "--commit", "c0ffee"], cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    res = json.loads((out / "scaling.json").read_text())
+    assert res["suite"] == "scaling" and res["commit"] == "c0ffee" and res["fgplugin_version"] == fgplugin.__version__
+    assert res["command"].endswith("bench scaling --graphs tiny --gpus 1 --backend gloo --epochs 1 --warmup 0 "
+                                   f"--orders original --comm sparse --out {out} --cache {tmp_path / 'perm'} "
+                                   "--commit c0ffee")
+    impls = {(r["impl"], r["scheme"]) for r in res["rows"]}
+    assert impls == {("fgplugin-dist-sparse", "1d"), ("fgplugin", "single")}
+    for r in res["rows"]:
+        assert r["graph"] == "tiny" and r["gpus"] == 1 and r["order"] == "original" and r["ms_median"] > 0
+    assert not list(out.glob(".scaling_part_*"))

@@ -8,7 +8,7 @@ indices, weights, scales and diag; forward and backward (gradients compared with
 The kernel allocates its output, so the "poison" check is: no NaN where the reference has none.
 
 Unit-weight dense tiles run on the wgmma kernel on Hopper and on the mma.sync kernel elsewhere (or
-with FGPLUGIN_NO_WGMMA=1); the ``dense_kernel`` fixture runs the registry, random-graph and
+with ``fgplugin.config.set_wgmma(False)``); the ``dense_kernel`` fixture runs the registry, random-graph and
 determinism tests on each kernel the GPU has.
 
 The plan builder itself is checked on any machine by executing the plan's semantics in float64
@@ -24,7 +24,8 @@ import torch
 
 import fgplugin
 from fgplugin._extension import source_dir
-from fgplugin.kernel_plan import build_plan, kernel_plans, plan_for, prepare_plans
+from fgplugin.config import set_wgmma
+from fgplugin.kernel_plan import build_kernel_plan
 from fgplugin.tiling import TiledAdjacency
 
 from fgplugin.testing import clustered_case, dense_spmm, graph_cases, random_graph_case, rel_error
@@ -52,13 +53,22 @@ def _wgmma_available():
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
+@contextlib.contextmanager
+def wgmma(enabled: bool):
+    previous = set_wgmma(enabled)
+    try:
+        yield
+    finally:
+        set_wgmma(previous)
+
+
 @pytest.fixture(params=["wgmma", "mma"])
-def dense_kernel(request, monkeypatch):
-    """Which kernel computes unit-weight dense tiles (FGPLUGIN_NO_WGMMA is read at every launch)."""
+def dense_kernel(request):
+    """Which kernel computes unit-weight dense tiles (the switch takes effect at the next launch)."""
     if request.param == "wgmma" and not _wgmma_available():
         pytest.skip("the wgmma dense-tile kernel needs a compute capability 9.0 GPU (H100/H200)")
-    monkeypatch.setenv("FGPLUGIN_NO_WGMMA", "0" if request.param == "wgmma" else "1")
-    return request.param
+    with wgmma(request.param == "wgmma"):
+        yield request.param
 
 
 def _adj(case, **options):
@@ -80,8 +90,10 @@ def _inputs(case, F, dtype, seed, scales=True, device="cuda"):
 
 
 def _run(adj, plan, x, rs, cs, d):
+    from fgplugin.ops import csr_product
+
     values = None if adj.values is None else adj.values.float()
-    return torch.ops.fgplugin.spmm.default(adj.rowptr, adj.col, values, x, rs, cs, d, None, None, None, plan, [])
+    return csr_product(adj.rowptr, adj.col, values, x, rs, cs, d, plan)
 
 
 def _check(case, out, x, rs, cs, d, tol, what):
@@ -97,8 +109,10 @@ def _check(case, out, x, rs, cs, d, tol, what):
 
 # --------------------------------------------------------------------------- CPU: plan semantics
 def _emulate(plan, adj, x, rs, cs, d):
-    (_, dblock_ptr, _, dstage, bits, roff, deid, rem_col, rem_eid, item_ptr, item_row, _, _, _, _, frag,
-     panel_dense) = [t.cpu() for t in plan]
+    dblock_ptr, dstage, bits, roff, deid, rem_col, rem_eid, item_ptr, item_row, frag, panel_dense = (
+        getattr(plan, name).cpu() for name in ("dblock_ptr", "dstage", "dtile_bits", "dtile_roff", "dense_eid",
+                                               "rem_col", "rem_eid", "item_ptr", "item_row", "dtile_frag",
+                                               "dpanel_dense"))
     values = None if adj.values is None else adj.values.double().cpu()
     n_rows, n_cols = adj.shape
     xc = x.double() * (cs.double()[:, None] if cs is not None else 1.0)
@@ -142,23 +156,24 @@ def _emulate(plan, adj, x, rs, cs, d):
 def test_plan_semantics_cpu(seed, tile_size, threshold, chunk):
     case = clustered_case(seed, weighted=seed % 2 == 1, n_dst=None if seed != 2 else 90, max_hub_edges=900)
     adj = _adj(case, index_dtype=torch.int64 if seed == 1 else None)
-    plan = build_plan(adj.rowptr, adj.col, adj.shape, tile_size=tile_size, threshold=threshold,
-                      weighted=case.edge_weight is not None, chunk=chunk)
+    plan = build_kernel_plan(adj.rowptr, adj.col, adj.shape, tile_size=tile_size, threshold=threshold,
+                             weighted=case.edge_weight is not None, chunk=chunk)
     x, rs, cs, d = _inputs(case, 3, torch.float64, seed, device="cpu")
     err = rel_error(_emulate(plan, adj, x, rs, cs, d), dense_spmm(case.dense(), x, rs, cs, d))
     assert err < 1e-12
     # split rows: slots of a row are consecutive, in item order
-    item_row, item_slot, split_row, split_ptr = plan[10], plan[11], plan[12], plan[13]
+    item_row, item_slot, split_row, split_ptr = plan.item_row, plan.item_slot, plan.split_row, plan.split_ptr
     for s in range(split_row.numel()):
         items = (item_row == split_row[s]).nonzero().squeeze(1)
         assert item_slot[items].tolist() == list(range(int(split_ptr[s]), int(split_ptr[s + 1])))
     assert bool((item_slot[(item_row[:, None] != split_row[None, :]).all(1)] == -1).all())
 
 
-def test_cpu_plans_stay_empty():
+def test_cpu_runs_without_kernel_plans():
     case = clustered_case(0, max_hub_edges=900)
     adj = _adj(case)
-    assert kernel_plans(adj, torch.randn(adj.shape[1], 4), True) == ([], [])
+    assert adj.kernel_plan(torch.float32) is None and adj.kernel_plan(torch.float32, transpose=True) is None
+    assert adj.prepare() is None
 
 
 # --------------------------------------------------------------------------- GPU
@@ -173,9 +188,9 @@ def test_registry_fp32(dense_kernel, variant, F):
     for case in graph_cases():
         for index_dtype in (None, torch.int64):
             adj = _adj(case, index_dtype=index_dtype).to("cuda")
-            thr = adj.tiles.threshold if threshold is None else threshold
-            plan = build_plan(adj.rowptr, adj.col, adj.shape, tile_size=tile_size, threshold=thr,
-                              weighted=adj.values is not None, chunk=8)
+            thr = adj.threshold if threshold is None else threshold
+            plan = build_kernel_plan(adj.rowptr, adj.col, adj.shape, tile_size=tile_size, threshold=thr,
+                                     weighted=adj.values is not None, chunk=8)
             for scales in (False, True):
                 x, rs, cs, d = _inputs(case, F, torch.float32, F + 7 * scales)
                 with precision("fp32"):
@@ -190,8 +205,9 @@ def test_registry_fp32(dense_kernel, variant, F):
 def test_registry_low_precision(dense_kernel, mode, F):
     for case in graph_cases():
         adj = _adj(case).to("cuda")
-        for threshold in (0.0, adj.tiles.threshold):
-            plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold, weighted=adj.values is not None)
+        for threshold in (0.0, adj.threshold):
+            plan = build_kernel_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold,
+                                     weighted=adj.values is not None)
             x, rs, cs, d = _inputs(case, F, DTYPE[mode], F)
             with precision(mode):
                 out = _run(adj, plan, x, rs, cs, d)
@@ -209,7 +225,8 @@ def test_fresh_random_graphs(dense_kernel, fresh_seed, mode, F):
                               max_hub_edges=900)
         adj = _adj(case, index_dtype=torch.int64 if k == 2 else None).to("cuda")
         for threshold in (0.02, 0.05, 0.10):
-            plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold, weighted=case.edge_weight is not None, chunk=32)
+            plan = build_kernel_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold,
+                                     weighted=case.edge_weight is not None, chunk=32)
             x, rs, cs, d = _inputs(case, F, DTYPE[mode], seed)
             with precision(mode):
                 out = _run(adj, plan, x, rs, cs, d)
@@ -228,8 +245,8 @@ def test_remainder_pass_long_and_short_items(fresh_seed, mode):
     case = random_graph_case(fresh_seed, n_src=500, avg_degree=3 * limit)  # rows of ~288: most split at 256
     adj = _adj(case).to("cuda")
     for chunk, grouped in ((256, False), (8, True)):
-        plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=1.0, weighted=False, chunk=chunk)
-        rem_nnz, items = plan[7].numel(), plan[10].numel()
+        plan = build_kernel_plan(adj.rowptr, adj.col, adj.shape, threshold=1.0, weighted=False, chunk=chunk)
+        rem_nnz, items = plan.rem_col.numel(), plan.item_row.numel()
         assert (rem_nnz <= limit * items) == grouped, (chunk, rem_nnz / items)
         for F in (1, 7, 16, 48, 64):
             x, rs, cs, d = _inputs(case, F, DTYPE[mode], fresh_seed + F)
@@ -241,7 +258,7 @@ def test_remainder_pass_long_and_short_items(fresh_seed, mode):
 def test_deterministic(dense_kernel, weighted):
     case = clustered_case(5, n_src=3000, weighted=weighted, max_hub_edges=900)
     adj = _adj(case).to("cuda")
-    plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=0.03, weighted=weighted, chunk=16)
+    plan = build_kernel_plan(adj.rowptr, adj.col, adj.shape, threshold=0.03, weighted=weighted, chunk=16)
     x, rs, cs, d = _inputs(case, 96, torch.float32, 5)
     first = _run(adj, plan, x, rs, cs, d)
     for _ in range(3):
@@ -249,26 +266,26 @@ def test_deterministic(dense_kernel, weighted):
 
 
 @requires_kernel
-def test_hopper_runs_the_wgmma_kernel(monkeypatch):
-    """On an H100/H200 unit-weight dense tiles take the wgmma kernel unless FGPLUGIN_NO_WGMMA=1
-    (a build without sm_90a code would silently fall back to mma.sync: this catches it), and both
-    kernels give the same function of the input."""
+def test_hopper_runs_the_wgmma_kernel():
+    """On an H100/H200 unit-weight dense tiles take the wgmma kernel unless switched off (a build
+    without sm_90a code would silently fall back to mma.sync: this catches it), and both kernels
+    give the same function of the input."""
     device = torch.cuda.current_device()
-    monkeypatch.setenv("FGPLUGIN_NO_WGMMA", "1")
-    assert torch.ops.fgplugin.dense_tile_arch(device) == 80
-    monkeypatch.setenv("FGPLUGIN_NO_WGMMA", "0")
-    assert torch.ops.fgplugin.dense_tile_arch(device) == (90 if _wgmma_available() else 80)
+    with wgmma(False):
+        assert torch.ops.fgplugin.dense_tile_arch(device) == 80
+    with wgmma(True):
+        assert torch.ops.fgplugin.dense_tile_arch(device) == (90 if _wgmma_available() else 80)
     case = clustered_case(7, n_src=2500, max_hub_edges=900)
     adj = _adj(case).to("cuda")
-    plan = build_plan(adj.rowptr, adj.col, adj.shape, threshold=0.02, weighted=False, chunk=16)
-    assert plan[15].numel() > 0, "the case should have dense tiles"
+    plan = build_kernel_plan(adj.rowptr, adj.col, adj.shape, threshold=0.02, weighted=False, chunk=16)
+    assert plan.num_dense_tiles > 0, "the case should have dense tiles"
     x, rs, cs, d = _inputs(case, 128, torch.float32, 7)
     with precision("fp32"):
         outs = {}
-        for off in ("0", "1"):
-            monkeypatch.setenv("FGPLUGIN_NO_WGMMA", off)
-            outs[off] = _run(adj, plan, x, rs, cs, d)
-    assert rel_error(outs["0"].double(), outs["1"].double()) <= 1e-6
+        for enabled in (True, False):
+            with wgmma(enabled):
+                outs[enabled] = _run(adj, plan, x, rs, cs, d)
+    assert rel_error(outs[True].double(), outs[False].double()) <= 1e-6
 
 
 @requires_kernel
@@ -292,7 +309,7 @@ def test_forward_backward_through_fgplugin_spmm(weighted, square):
             (out * g).sum().backward()
         results[name] = [out.detach().cpu(), x.grad.cpu()] + [s.grad.cpu() for s in scales]
     if weighted is False:
-        assert plan_for(adj, threshold=0.03, weighted=False) is not None
+        assert adj.cached_kernel_plan(0.03, weighted=False) is not None
     for a, b in zip(results["cpu"], results["cuda"]):
         assert rel_error(b, a) <= 1e-5
 
@@ -305,9 +322,8 @@ def test_bf16_backward_and_plan_cache():
     out = fgplugin.spmm(adj, x, *adj.norm("gcn"))
     out.float().sum().backward()
     assert x.grad is not None and not torch.isnan(x.grad.float()).any()
-    p1, _ = kernel_plans(adj, x, False)
-    p2, _ = kernel_plans(adj, x, False)
-    assert p1 and all(a is b for a, b in zip(p1, p2))  # cached, not rebuilt
+    p1, p2 = adj.kernel_plan(x.dtype), adj.kernel_plan(x.dtype)
+    assert p1 is not None and p1 is p2  # kept, not rebuilt
 
 
 @requires_kernel
@@ -317,26 +333,28 @@ def test_auto_threshold_probe():
     case = clustered_case(4, n_src=2000, max_hub_edges=900)
     adj = _adj(case).to("cuda")
     x = torch.randn(adj.shape[1], 128, device="cuda")
-    best = choose_threshold(adj, x)
-    assert best in CANDIDATES
-    assert choose_threshold(adj, x) == best  # cached
-    # The user-facing form: an adjacency built with threshold="auto" runs the probe's choice.
+    assert choose_threshold(adj, x.dtype)["threshold"] in CANDIDATES
+    # The user-facing form: an adjacency built with threshold="auto" resolves it before the first
+    # plan is built, once per dtype class, and runs the probe's choice.
     auto = _adj(case).to("cuda").with_tiles(threshold="auto")
     out = fgplugin.spmm(auto, x)
-    assert auto._shared[("auto_threshold", 32, auto.device, "fp32")] in CANDIDATES
+    chosen = auto.resolved_threshold(torch.float32)
+    assert chosen in CANDIDATES and auto.kernel_plan(torch.float32).threshold == chosen
+    assert auto.resolved_threshold(torch.float32) == chosen  # kept
     assert rel_error(out, fgplugin.spmm(adj, x)) <= 1e-5
-    # prepare_plans: the probe's choice and both plans, built before the first product.
+    # prepare(): the probe's choice and both plans, built before the first product.
     fresh = _adj(case).to("cuda").with_tiles(threshold="auto")
-    chosen = prepare_plans(fresh)  # its own probe (close candidates may come out in another order)
-    assert chosen in CANDIDATES and chosen == fresh._shared[("auto_threshold", 32, fresh.device, "fp32")]
-    assert {k[1] for k in fresh._shared if k[0] == "kernel_plan" and k[3] == chosen} == {False, True}
-    assert prepare_plans(fresh, torch.float64) is None  # float64 runs the plain CSR kernel
+    chosen = fresh.prepare()  # its own probe (close candidates may come out in another order)
+    assert chosen in CANDIDATES and chosen == fresh.resolved_threshold(torch.float32)
+    assert {k[1] for k in fresh._shared if k[0] == "kernel_plan" and k[3] == chosen} == {False, True} \
+        or fresh.is_symmetric
+    assert fresh.prepare(torch.float64) is None  # float64 runs the plain CSR kernel
     # No tile above the lowest candidate: every candidate is the same plan, timed once, and the
     # choice is 1.0 (no dense tiles).
     scattered = _adj(random_graph_case(3, n_src=5000, avg_degree=5)).to("cuda")
     times = probe_thresholds(scattered)
     assert set(times) == set(CANDIDATES) and len(set(times.values())) == 1
-    assert choose_threshold(scattered) == 1.0
+    assert choose_threshold(scattered)["threshold"] == 1.0
 
 
 @requires_kernel
@@ -349,8 +367,8 @@ def test_gcn_layer_pads_the_weight_on_cuda(dtype, monkeypatch):
     import fgplugin.pyg as fp
     from fgplugin import ops
 
-    widths, call_spmm = [], ops._call_spmm
-    monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
+    widths, run_spmm = [], ops.run_spmm
+    monkeypatch.setattr(ops, "run_spmm", lambda args: widths.append(args.x.shape[1]) or run_spmm(args))
     case = clustered_case(2, n_src=3000, max_hub_edges=900)
     edge_index = case.edge_index.cuda()
     torch.manual_seed(0)
@@ -374,8 +392,27 @@ def test_gcn_layer_pads_the_weight_on_cuda(dtype, monkeypatch):
 
 @requires_kernel
 def test_plan_mismatch_is_an_error():
+    """A plan of another graph, a damaged layout or a buffer of the wrong kind is refused by the
+    op's host-side checks (never launched)."""
     a = _adj(clustered_case(0, n_src=100, max_hub_edges=900)).to("cuda")
     b = _adj(clustered_case(1, n_src=200, max_hub_edges=900)).to("cuda")
-    plan = build_plan(b.rowptr, b.col, b.shape)
+    plan = build_kernel_plan(b.rowptr, b.col, b.shape, threshold=0.05)
     with pytest.raises(RuntimeError, match="plan"):
         _run(a, plan, torch.randn(a.shape[1], 8, device="cuda"), None, None, None)
+    own = build_kernel_plan(a.rowptr, a.col, a.shape, threshold=0.05)
+    x = torch.randn(a.shape[1], 8, device="cuda")
+    layout = list(own.layout)
+    damaged = {
+        "version": [99] + layout[1:],
+        "short layout": layout[:-3],
+        "section past the end": layout[:4] + [layout[4], own.buffer.numel() * 2] + layout[6:],
+        "misaligned section": layout[:4] + [layout[4] + 4] + layout[5:],
+        "wrong section dtype": layout[:6] + [4 if layout[6] == 3 else 3] + layout[7:],
+    }
+    for what, bad in damaged.items():
+        with pytest.raises(RuntimeError, match="plan"):
+            torch.ops.fgplugin.spmm(a.rowptr, a.col, None, x, None, None, None, own.buffer, bad, None, None, None,
+                                    None, [])
+    with pytest.raises(RuntimeError, match="uint8 buffer"):
+        torch.ops.fgplugin.spmm(a.rowptr, a.col, None, x, None, None, None, own.buffer.cpu(), own.layout, None,
+                                None, None, None, [])

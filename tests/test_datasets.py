@@ -4,22 +4,22 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import require_data_dir
 from fgplugin.datasets import (
     ENV_VAR,
     SUITE,
     CommunityGraphParams,
     GraphData,
     community_graph,
+    data_dir,
     list_npz,
     load_npz,
-    require_shared_data,
-    shared_data_dir,
 )
 from fgplugin.datasets import npz as npz_module
 from fgplugin.datasets import synthetic
 
-# ../shared/data/README.md: name -> (nodes, directed edges, features, feature format, classes,
-# split sizes train/val/test or None).
+# The real graphs expected in $FGPLUGIN_DATA_DIR: name -> (nodes, directed edges, features,
+# feature format, classes, split sizes train/val/test or None).
 README_GRAPHS = {
     "citeseer": (3327, 9104, 3703, "dense", 6, (120, 500, 1000)),
     "cora": (2708, 10556, 1433, "dense", 7, (140, 500, 1000)),
@@ -39,7 +39,7 @@ README_GRAPHS = {
     "snap_ego_twitter": (81306, 2684592, None, None, None, None),
 }
 
-# BENCHMARKS.md "Graph suite": name -> (nodes, directed edges, features, classes).
+# docs/benchmarks.md, the synthetic graph suite: name -> (nodes, directed edges, features, classes).
 BENCHMARK_SUITE = {
     "reddit-like": (232_965, 110_000_000, 602, 41),
     "proteins-like": (132_534, 75_000_000, 602, 8),
@@ -212,7 +212,7 @@ def test_presets_are_documented():
 
 @pytest.mark.parametrize("name", sorted(README_GRAPHS))
 def test_load_every_readme_graph(name):
-    require_shared_data()
+    require_data_dir()
     nodes, edges, feats, fmt, classes, split = README_GRAPHS[name]
     g = load_npz(name)
     assert g.name == name and g.num_nodes == nodes and g.num_edges == edges
@@ -240,12 +240,12 @@ def test_load_every_readme_graph(name):
 
 
 def test_every_file_is_known():
-    folder = require_shared_data()
+    folder = require_data_dir()
     assert set(README_GRAPHS) <= set(list_npz()) and list_npz(folder) == list_npz()
 
 
 def test_feature_modes():
-    require_shared_data()
+    require_data_dir()
     csr = load_npz("coauthor_cs", features="sparse")
     assert csr.x.layout == torch.sparse_csr and csr.x.values().dtype == torch.float32
     dense = load_npz("coauthor_cs", features="dense")
@@ -264,7 +264,7 @@ def test_feature_modes():
 
 
 def test_path_and_root(tmp_path):
-    folder = require_shared_data()
+    folder = require_data_dir()
     by_path = load_npz(folder / "cora.npz")
     by_root = load_npz("cora.npz", root=folder)
     assert torch.equal(by_path.edge_index, by_root.edge_index)
@@ -272,24 +272,33 @@ def test_path_and_root(tmp_path):
 
 
 def test_bad_names_and_paths(tmp_path, monkeypatch):
-    folder = require_shared_data()
+    folder = require_data_dir()
     with pytest.raises(FileNotFoundError, match="no such graph file"):
         load_npz(tmp_path / "missing.npz")
     with pytest.raises(FileNotFoundError, match="available: .*cora"):
         load_npz("coraa", root=folder)
-    monkeypatch.setattr(npz_module, "shared_data_dir", lambda: None)
-    with pytest.raises(FileNotFoundError, match=ENV_VAR):
+
+
+def test_bare_name_needs_a_folder(monkeypatch, tmp_path):
+    # No search of the filesystem: without root= or $FGPLUGIN_DATA_DIR a bare name is an error
+    # saying what to set, whatever lies around the working directory.
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert data_dir() is None and list_npz() == []
+    with pytest.raises(FileNotFoundError, match=rf"set {ENV_VAR} to the folder holding the \.npz files or pass "
+                                                r"root= / a path"):
         load_npz("cora")
 
 
 def test_bad_files(tmp_path):
     partial = tmp_path / "partial.npz"
     np.savez(partial, edge_index=np.zeros((2, 0), dtype=np.int64))
-    with pytest.raises(ValueError, match=r"partial\.npz: missing key\(s\) \['num_nodes'"):
+    with pytest.raises(ValueError, match=r"partial\.npz: missing key\(s\) \['num_nodes'.*fgplugin\.datasets\.npz"):
         load_npz(partial)
     text = tmp_path / "text.npz"
     text.write_text("not an archive")
-    with pytest.raises(ValueError, match=r"text\.npz is not a readable \.npz"):
+    with pytest.raises(ValueError, match=r"text\.npz is not a readable \.npz.*schema in the docstring of "
+                                         r"fgplugin\.datasets\.npz"):
         load_npz(text)
     bad_ids = tmp_path / "bad_ids.npz"
     np.savez(
@@ -301,6 +310,15 @@ def test_bad_files(tmp_path):
     )
     with pytest.raises(ValueError, match="outside"):
         load_npz(bad_ids)
+
+
+def test_schema_is_documented():
+    doc = npz_module.__doc__
+    for key in ("edge_index", "num_nodes", "undirected", "source", "x", "x_indptr", "x_indices", "x_data",
+                "x_shape", "y", "train_mask", "val_mask", "test_mask"):
+        assert f"``{key}``" in doc, key
+    for fact in ("int64", "float32", "sorted by (source,", "no self loops", "both directions", "``-1`` = unlabelled"):
+        assert fact in " ".join(doc.split()), fact
 
 
 def test_minimal_file_loads(tmp_path):
@@ -317,20 +335,33 @@ def test_minimal_file_loads(tmp_path):
     assert list_npz(tmp_path) == ["mini"]
 
 
-def test_shared_data_dir_env(tmp_path, monkeypatch):
+def test_data_dir_env(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_VAR, str(tmp_path))
-    assert shared_data_dir() == tmp_path
+    assert data_dir() == tmp_path
     assert list_npz() == []
+    (tmp_path / "g.npz").write_bytes(b"")
+    assert list_npz() == ["g"]
+    monkeypatch.setenv(ENV_VAR, "")
+    assert data_dir() is None
     monkeypatch.delenv(ENV_VAR)
-    found = shared_data_dir()
-    assert found is None or (found / "README.md").is_file()
+    assert data_dir() is None and list_npz() == []
 
 
-@pytest.mark.parametrize(
-    "ci, outcome", [("true", pytest.fail.Exception), ("", pytest.skip.Exception)]
-)
-def test_require_shared_data_without_data(tmp_path, monkeypatch, ci, outcome):
-    monkeypatch.setenv(ENV_VAR, str(tmp_path / "nowhere"))
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception), ("1", pytest.fail.Exception),
+                                         ("", pytest.skip.Exception)])
+@pytest.mark.parametrize("setting", ["unset", "missing", "empty"])
+def test_require_data_dir_without_data(tmp_path, monkeypatch, ci, outcome, setting):
+    if setting == "unset":
+        monkeypatch.delenv(ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(ENV_VAR, str(tmp_path / "nowhere" if setting == "missing" else tmp_path))
     monkeypatch.setenv("CI", ci)
-    with pytest.raises(outcome, match="shared/data"):
-        require_shared_data()
+    with pytest.raises(outcome, match=ENV_VAR):
+        require_data_dir()
+
+
+def test_require_data_dir_with_data(tmp_path, monkeypatch):
+    np.savez(tmp_path / "g.npz", num_nodes=np.int64(1))
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    monkeypatch.setenv("CI", "true")
+    assert require_data_dir() == tmp_path

@@ -150,12 +150,11 @@ def test_graphconv_pads_the_weight_not_the_features(case, monkeypatch):
     """Where the kernel wants wider rows (on CUDA 3 -> 4 columns at fp32), W gets the zero
     columns, so the SpMM runs on X W as it comes; forced here on the CPU: the SpMM sees 4
     columns, and outputs and gradients match stock (with and without bias, 2-D and 3-D)."""
-    from fgplugin import ops
-    from fgplugin.dgl import convs
+    from fgplugin import aggregation, ops
 
-    monkeypatch.setattr(convs, "padded_width", lambda features, dtype, device: features + -features % 4)
-    widths, call_spmm = [], ops._call_spmm
-    monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
+    monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device: features + -features % 4)
+    widths, run_spmm = [], ops.run_spmm
+    monkeypatch.setattr(ops, "run_spmm", lambda args: widths.append(args.x.shape[1]) or run_spmm(args))
     graph = graph_case(case)
     weight = torch.rand(graph.num_edges()) + 0.1
     for feat, options in [(torch.randn(graph.num_src_nodes(), 5), {}),
@@ -222,8 +221,8 @@ def test_constant_input_aggregation_is_kept(layer, case, monkeypatch):
     from fgplugin import input_cache, ops
 
     graph = graph_case(case)
-    widths, call_spmm = [], ops._call_spmm
-    monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
+    widths, run_spmm = [], ops.run_spmm
+    monkeypatch.setattr(ops, "run_spmm", lambda args: widths.append(args.x.shape[1]) or run_spmm(args))
     make = {"GraphConv-wide": lambda: make_pair("GraphConv", 6, 3, norm="both", allow_zero_in_degree=True),
             "GraphConv-narrow": lambda: make_pair("GraphConv", 6, 9, norm="right", allow_zero_in_degree=True),
             "SAGEConv": lambda: make_pair("SAGEConv", 6, 3, "mean"),
@@ -256,9 +255,10 @@ def test_constant_input_aggregation_is_kept(layer, case, monkeypatch):
 
 
 def test_real_graph_matches_stock():
-    from fgplugin.datasets import load_npz, require_shared_data
+    from conftest import require_data_dir
+    from fgplugin.datasets import load_npz
 
-    require_shared_data()
+    require_data_dir()
     data = load_npz("cora", features=None)
     graph = dgl.graph((data.edge_index[0], data.edge_index[1]), num_nodes=data.num_nodes)
     feat, weight = torch.randn(data.num_nodes, 16), torch.rand(graph.num_edges()) + 0.1
@@ -367,7 +367,9 @@ def test_convert_and_patch():
     assert [type(m) for m in fd.convert(dropout_model)] == [fd.GraphConv, fgplugin.Dropout]
     try:
         fd.patch()
-        assert torch.nn.Dropout is fgplugin.Dropout and dgl.nn.GraphConv is fd.GraphConv
+        assert torch.nn.Dropout is torch.nn.modules.dropout.Dropout and dgl.nn.GraphConv is fd.GraphConv
+        fd.patch(dropout=True)
+        assert torch.nn.Dropout is fgplugin.Dropout
     finally:
         fd.unpatch()
     assert torch.nn.Dropout is torch.nn.modules.dropout.Dropout
@@ -383,16 +385,16 @@ def stock():  # patch() rebinds module-level names that hold torch's class, a sc
 
 
 import fgplugin.pyg as fp
-fp.patch()
+fp.patch(dropout=True)
 import fgplugin.dgl as fd  # imported while PyG's patch holds torch.nn.Dropout
 assert type(fd.convert(torch.nn.Sequential(stock()(0.5)))[0]) is fgplugin.Dropout
 assert torch.nn.modules.transformer.Dropout is stock()  # torch's own modules keep theirs
-fd.patch()
+fd.patch(dropout=True)
 fp.unpatch()
 assert torch.nn.Dropout is fgplugin.Dropout  # DGL's patch still holds the swap
 fd.unpatch()
 assert torch.nn.Dropout is stock()
-fd.patch()
+fd.patch(dropout=True)
 assert torch.nn.Dropout is fgplugin.Dropout
 fd.unpatch()
 assert torch.nn.Dropout is stock()

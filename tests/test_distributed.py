@@ -16,9 +16,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import fgplugin
 from fgplugin import TiledAdjacency, grad_rows
-from fgplugin.datasets import load_npz, require_shared_data
-from fgplugin.distributed import (DistGCN, DistributedTrainer, FullGraph, RankFailureError, ShardedGraph,
+from fgplugin.aggregation import Aggregation
+from conftest import require_data_dir
+from fgplugin.datasets import load_npz
+from fgplugin.distributed import (DistGCN, DistributedTrainer, RankFailureError, ShardedGraph,
                                   ShardingContext, dist_spmm, relative_error)
 from fgplugin.distributed.sharding import AUTO_SPARSE_MAX_SHARE
 from fgplugin.reorder import reorder
@@ -95,7 +98,7 @@ def _model(data):
 
 def _reference(path):
     data = _cora(path)
-    graph = FullGraph(TiledAdjacency.from_edge_index(data.edge_index, data.num_nodes))
+    graph = Aggregation.of(TiledAdjacency.from_edge_index(data.edge_index, data.num_nodes))
     model = _model(data)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     x, idx = data.x.to(DTYPE), data.train_mask.nonzero().squeeze(1)
@@ -269,7 +272,7 @@ def _live_row_cases():
         own_stats = None if own is None else grad_rows.stats(own.adj.col)
         cases[(replication, comm, wire)] = (errors, graph.live_rows.stats(), own_stats)
     # One rank with the skipping off: every rank must fall back to the full exchange together.
-    previous = grad_rows.set_row_skipping(dist.get_rank() != 1)
+    previous = fgplugin.set_row_skipping(dist.get_rank() != 1)
     try:
         graph = ShardedGraph.from_edge_index(ShardingContext(1, comm="broadcast"), edges, n, perm=_perm(n, "random"))
         masked = torch.zeros_like(weight)
@@ -278,7 +281,7 @@ def _live_row_cases():
         cases["one rank off"] = ([relative_error(grad, (a.t() @ masked)[graph.global_ids()])],
                                  graph.live_rows.stats(), None)
     finally:
-        grad_rows.set_row_skipping(previous)
+        fgplugin.set_row_skipping(previous)
     previous = grad_rows.MIN_WORK
     grad_rows.MIN_WORK = {"cuda": 0, "cpu": 1 if dist.get_rank() == 1 else 0}
     try:
@@ -362,7 +365,7 @@ def _check_equal(ranks, reference, reference_loss, keys):
 
 @pytest.fixture(scope="module")
 def cora_path():
-    return str(require_shared_data() / "cora.npz")
+    return str(require_data_dir() / "cora.npz")
 
 
 @pytest.fixture(scope="module")
@@ -392,21 +395,21 @@ def test_dist_gcn_pads_the_weight_not_the_features(bias, monkeypatch):
     """Where the SpMM wants wider rows (on CUDA 6 -> 8 columns at fp32), DistGCN pads W, so the
     SpMM runs on H W as it comes; forced here on the CPU: the SpMM sees 8 columns, and outputs and
     gradients equal those of the unpadded model."""
-    from fgplugin import input_cache, ops
+    from fgplugin import aggregation, ops
     from fgplugin.distributed import train
     from fgplugin.testing import random_graph_case, rel_error
 
     case = random_graph_case(4, n_src=300, avg_degree=6)
-    graph = FullGraph(TiledAdjacency.from_edge_index(case.edge_index, case.num_nodes))
+    graph = Aggregation.of(TiledAdjacency.from_edge_index(case.edge_index, case.num_nodes))
     torch.manual_seed(0)
     model = DistGCN((16, 10, 6), bias=bias)
     x = torch.randn(case.num_nodes, 16)
 
-    monkeypatch.setattr(input_cache, "_enabled", False)  # layer 1 aggregates x W every call, padded
+    monkeypatch.setattr(fgplugin.config.settings, "input_cache", False)  # layer 1 aggregates x W every call, padded
     plain, plain_grads = _output_and_grads(model, graph, x)
-    widths, call_spmm = [], ops._call_spmm
-    monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
-    monkeypatch.setattr(train, "padded_width", lambda features, dtype, device: features + -features % 4)
+    widths, run_spmm = [], ops.run_spmm
+    monkeypatch.setattr(ops, "run_spmm", lambda args: widths.append(args.x.shape[1]) or run_spmm(args))
+    monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device: features + -features % 4)
     padded, padded_grads = _output_and_grads(model, graph, x)
     assert 8 in widths and 12 in widths  # both layers' products ran on padded widths (10 -> 12, 6 -> 8)
     assert padded.is_contiguous() and rel_error(padded, plain) <= 1e-5
@@ -627,16 +630,22 @@ def test_dist_gcn_keeps_the_first_layers_input_aggregation(monkeypatch):
     from fgplugin.testing import random_graph_case, rel_error
 
     case = random_graph_case(5, n_src=300, avg_degree=6)
-    graph = FullGraph(TiledAdjacency.from_edge_index(case.edge_index, case.num_nodes))
-    calls, aggregate = [], graph.aggregate
-    monkeypatch.setattr(graph, "aggregate", lambda h: calls.append(h.shape[1]) or aggregate(h))
+    adj = TiledAdjacency.from_edge_index(case.edge_index, case.num_nodes)
+    calls = []
+
+    class Counting(Aggregation):
+        def __call__(self, h):
+            calls.append(h.shape[1])
+            return super().__call__(h)
+
+    graph = Counting(*Aggregation.of(adj))
     torch.manual_seed(0)
     model = DistGCN((16, 10, 6))
     x = torch.randn(case.num_nodes, 16)
 
-    monkeypatch.setattr(input_cache, "_enabled", False)
+    monkeypatch.setattr(fgplugin.config.settings, "input_cache", False)
     plain, plain_grads = _output_and_grads(model, graph, x)
-    monkeypatch.setattr(input_cache, "_enabled", True)
+    monkeypatch.setattr(fgplugin.config.settings, "input_cache", True)
     for _ in range(3):
         calls.clear()
         kept, kept_grads = _output_and_grads(model, graph, x)

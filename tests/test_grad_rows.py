@@ -20,9 +20,9 @@ def skipping_on(monkeypatch):
     """Skipping on, also for the small products of these tests (test_small_products_run_in_full
     checks the size threshold itself)."""
     monkeypatch.setattr(grad_rows, "MIN_WORK", {"cuda": 0, "cpu": 0})
-    previous = grad_rows.set_row_skipping(True)
+    previous = fgplugin.set_row_skipping(True)
     yield
-    grad_rows.set_row_skipping(previous)
+    fgplugin.set_row_skipping(previous)
 
 
 def case_and_adj(device, weighted=False, seed=0):
@@ -75,7 +75,7 @@ def test_same_as_full_product(device):
     case, adj = case_and_adj(device)
     grad, _ = row_sparse(adj.shape[0], 16, 0.1, seed=1, device=device)
     skipped, _ = x_grad(adj, grad)
-    grad_rows.set_row_skipping(False)
+    fgplugin.set_row_skipping(False)
     full, _ = x_grad(adj, grad)
     assert rel_error(skipped, full) <= TOL
 
@@ -161,7 +161,7 @@ def test_dense_gradient_runs_the_full_product(device, live_fraction):
 @pytest.mark.parametrize("device", DEVICES)
 def test_switched_off_runs_the_full_product(device):
     _, adj = case_and_adj(device)
-    grad_rows.set_row_skipping(False)
+    fgplugin.set_row_skipping(False)
     grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=5, device=device)
     x_grad(adj, grad)
     assert grad_rows.stats(transposed_col(adj))["builds"] == 0
@@ -190,7 +190,7 @@ def test_nan_rows_count_as_non_zero(device):
     dead = int((~live).nonzero()[0])
     grad[dead, 3] = float("nan")
     skipped, _ = x_grad(adj, grad, norm=False)
-    grad_rows.set_row_skipping(False)
+    fgplugin.set_row_skipping(False)
     full, _ = x_grad(adj, grad, norm=False)
     neighbours = case.dense()[dead] != 0  # grad_x[j] sums A[dead, j] * grad[dead]
     assert neighbours.any()

@@ -17,7 +17,8 @@ from torch_geometric.utils import to_torch_coo_tensor, to_torch_csc_tensor, to_t
 import fgplugin  # noqa: E402
 import fgplugin.pyg as fp  # noqa: E402
 from fgplugin.pyg import _graph  # noqa: E402
-from fgplugin.pyg._layer import FgpluginLayer, Plan  # noqa: E402
+from fgplugin.aggregation import Aggregation  # noqa: E402
+from fgplugin.pyg._layer import FgpluginLayer  # noqa: E402
 from torch._dynamo.testing import CompileCounter  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Converting sparse tensor to CSR format")
@@ -150,12 +151,11 @@ def test_gcn_pads_the_weight_not_the_features(kind, bias, monkeypatch, fgplugin_
     """Where the kernel wants wider rows (on CUDA 6 -> 8 columns at fp32), W gets the zero
     rows, so the SpMM runs on X W as it comes; forced here on the CPU: the SpMM sees 8 columns,
     and outputs and gradients (x, W, bias, edge weights) match stock, the output contiguous."""
-    from fgplugin import ops
-    from fgplugin.pyg import gcn_conv
+    from fgplugin import aggregation, ops
 
-    monkeypatch.setattr(gcn_conv, "padded_width", lambda features, dtype, device: features + -features % 4)
-    widths, call_spmm = [], ops._call_spmm
-    monkeypatch.setattr(ops, "_call_spmm", lambda *inputs: widths.append(inputs[3].shape[1]) or call_spmm(*inputs))
+    monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device: features + -features % 4)
+    widths, run_spmm = [], ops.run_spmm
+    monkeypatch.setattr(ops, "run_spmm", lambda args: widths.append(args.x.shape[1]) or run_spmm(args))
     ei, w, n = graph_case("messy")
     stock, ours = make_pair("gcn", lambda cls: cls(8, 6, bias=bias))
     w_s, w_o = w.clone().requires_grad_(), w.clone().requires_grad_()
@@ -167,9 +167,10 @@ def test_gcn_pads_the_weight_not_the_features(kind, bias, monkeypatch, fgplugin_
 
 @pytest.mark.parametrize("name", ["cora", "citeseer", "chameleon"])
 def test_real_graphs_match_stock(name, fgplugin_only):
-    from fgplugin.datasets import load_npz, require_shared_data
+    from conftest import require_data_dir
+    from fgplugin.datasets import load_npz
 
-    require_shared_data()
+    require_data_dir()
     data = load_npz(name, features=None)
     ei, n = data.edge_index, data.num_nodes
     w = torch.rand(ei.shape[1], generator=torch.Generator().manual_seed(0))
@@ -219,7 +220,7 @@ def test_sparse_tensor_inputs(fgplugin_only):
     assert rel_err(sage(x, adj_t), sage_stock(x, ei)) < TOL  # the mean ignores the values
     conv.cached = True
     conv(x, adj_t)
-    assert isinstance(conv._cached_adj_t, Plan) and conv._cached_edge_index is None
+    assert isinstance(conv._cached_adj_t, Aggregation) and conv._cached_edge_index is None
 
 
 def _sparse_tensor(index, value, n):
@@ -276,7 +277,7 @@ def test_cached_semantics(fgplugin_only):
     other = graph_case("hub")[0]
     for conv in (stock, ours):
         conv(x, ei)
-    assert isinstance(ours._cached_edge_index, Plan)
+    assert isinstance(ours._cached_edge_index, Aggregation)
     # like stock, a cached layer ignores the graphs of later calls ...
     assert rel_err(ours(x, other), stock(x, other)) < TOL
     assert rel_err(ours(x, other), ours(x, ei)) < TOL
@@ -304,7 +305,7 @@ def test_cached_stock_norm_is_adopted(fgplugin_only):
         expected = model(x, ei, w)
         fp.convert(model)
         assert rel_err(model(x, ei), expected) < TOL  # the cached (weighted) graph still rules
-        assert isinstance(model._cached_edge_index, Plan)
+        assert isinstance(model._cached_edge_index, Aggregation)
 
 
 @pytest.mark.parametrize("make, args", [
@@ -507,7 +508,9 @@ def test_patch_reaches_bound_names_and_unpatch_restores():
     assert user.GCNConv is gcn_module.GCNConv
 
 
-def test_convert_and_patch_swap_torch_dropout_unless_told_not_to():
+def test_convert_swaps_torch_dropout_unless_told_not_to_and_patch_only_when_asked():
+    """convert(model) swaps the model's own torch.nn.Dropout modules (dropout=False keeps them);
+    patch() leaves torch.nn.Dropout alone unless called with dropout=True."""
     stock = torch.nn.modules.dropout.Dropout
 
     class MyDropout(stock):  # a subclass may override forward: left alone
@@ -518,9 +521,10 @@ def test_convert_and_patch_swap_torch_dropout_unless_told_not_to():
     fp.convert(model)
     assert [type(m) for m in model] == [fgplugin.Dropout, torch.nn.Dropout1d, MyDropout] and model[0].p == 0.3
     try:
-        fp.patch(dropout=False)
-        assert torch.nn.Dropout is stock and pyg_nn.GCNConv is fp.GCNConv
         fp.patch()
+        assert torch.nn.Dropout is stock and pyg_nn.GCNConv is fp.GCNConv
+        assert type(pyg_nn.models.GCN(8, 16, num_layers=2, dropout=0.5).dropout) is stock
+        fp.patch(dropout=True)
         assert torch.nn.Dropout is fgplugin.Dropout
         gnn = pyg_nn.models.GCN(8, 16, num_layers=2, dropout=0.5)  # builds torch.nn.Dropout(p=dropout)
         assert type(gnn.dropout) is fgplugin.Dropout and all(type(c) is fp.GCNConv for c in gnn.convs)

@@ -165,23 +165,26 @@ def test_edge_weight_gradient_through_gcn_norm_matches_dense():
 
 
 def test_opcheck():
+    """Every op passes torch.library.opcheck (schema, fake kernel, autograd registration, and
+    dispatch), with and without inputs that require grad."""
+    from fgplugin.ops import op_args
+
     case = [c for c in CASES if c.name == "not_divisible_weighted"][0]
     adj = case.adjacency()
-    t_rowptr, t_col, _ = adj.transpose()
-    values = adj.values
-    t_values = adj.transposed_values(values)
-    r, c, d = adj.norm("gcn")
     for requires_grad in (False, True):
         x = torch.randn(70, 6, requires_grad=requires_grad)
-        args = (adj.rowptr, adj.col, values, x, r, c, d, t_rowptr, t_col, t_values, [], [])
-        torch.library.opcheck(torch.ops.fgplugin.spmm.default, args)
+        args, _ = op_args(adj, x, *adj.norm("gcn"), with_transpose=True, name="test")
+        torch.library.opcheck(torch.ops.fgplugin.spmm.default, tuple(args))
     unweighted = [c for c in CASES if c.name == "hub_row"][0].adjacency()
-    t_rowptr, t_col, _ = unweighted.transpose()
-    x = torch.randn(300, 6, requires_grad=True)
-    torch.library.opcheck(torch.ops.fgplugin.spmm.default,
-                          (unweighted.rowptr, unweighted.col, None, x, None, None, None, t_rowptr, t_col, None, [], []))
-    a, b = torch.randn(70, 6), torch.randn(70, 6)
-    torch.library.opcheck(torch.ops.fgplugin.sddmm.default, (adj.rowptr, adj.col, a, b))
+    args, _ = op_args(unweighted, torch.randn(300, 6, requires_grad=True), None, None, None, True, "test")
+    torch.library.opcheck(torch.ops.fgplugin.spmm.default, tuple(args))
+    for requires_grad in (False, True):
+        a, b = torch.randn(70, 6, requires_grad=requires_grad), torch.randn(70, 6, requires_grad=requires_grad)
+        torch.library.opcheck(torch.ops.fgplugin.sddmm.default, (adj.rowptr, adj.col, a, b))
+    g = torch.randn(9, 5)
+    g[::2] = 0
+    torch.library.opcheck(torch.ops.fgplugin.nonzero_rows.default, (g,))
+    torch.library.opcheck(torch.ops.fgplugin.pad_columns.default, (g, 8))
 
 
 def test_torch_compile_fullgraph_no_graph_breaks():
@@ -222,10 +225,11 @@ def test_no_transpose_built_without_grad():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_aggregate_padded_product_matches_the_unpadded_one(device, with_bias):
+def test_aggregate_padded_product_matches_the_unpadded_one(device, with_bias, monkeypatch):
     """The padded product (W with zero columns, cut by the bias add) gives the values and the
-    gradients of A (X W) + b; on the CPU nothing pads, so the cut is tested here directly."""
-    from fgplugin.ops import aggregate_padded_product
+    gradients of A (X W) + b; on the CPU nothing pads, so the padding is forced here."""
+    from fgplugin import aggregation
+    from fgplugin.aggregation import Aggregation, aggregate
 
     case = random_graph_case(11, avg_degree=8.0)
     adj = case.adjacency().to(device)
@@ -238,7 +242,8 @@ def test_aggregate_padded_product_matches_the_unpadded_one(device, with_bias):
     leaves = [t for t in (x, w, b) if t is not None]
 
     def run(width):
-        out = aggregate_padded_product(lambda h: fgplugin.spmm(adj, h, *scales), x, w, width, b)
+        monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device: width)
+        out = aggregate(Aggregation(adj, scales), x, weight=w, bias=b)
         return out, torch.autograd.grad(out, leaves, upstream)
 
     want, want_grads = run(5)
@@ -249,19 +254,20 @@ def test_aggregate_padded_product_matches_the_unpadded_one(device, with_bias):
         assert rel_error(a, e) <= 1e-6
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the pad_columns kernel is CUDA-only; no GPU here")
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("rows, cols, width", [(1000, 47, 48), (333, 5, 8), (77, 5, 7), (50, 16, 16), (0, 3, 8)])
-def test_pad_columns_kernel(dtype, rows, cols, width):
-    """[x, 0] exactly as torch.cat builds it: whole 16-byte output rows (vector stores) and not."""
-    x = torch.randn(rows, cols, device="cuda").to(dtype)
+def test_pad_columns_kernel(device, dtype, rows, cols, width):
+    """[x, 0] exactly as torch.cat builds it: on CUDA whole 16-byte output rows (vector stores)
+    and not."""
+    x = torch.randn(rows, cols, device=device).to(dtype)
     x[::7] = float("nan")  # values move bit for bit, NaN included
     want = torch.cat([x, x.new_zeros(rows, width - cols)], dim=1)
     got = torch.ops.fgplugin.pad_columns(x, width)
     assert got.shape == want.shape and got.dtype == dtype and torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got.nan_to_num(), want.nan_to_num())
-    wide = torch.randn(rows, 2 * cols, device="cuda").to(dtype)[:, ::2]  # a non-contiguous input
+    wide = torch.randn(rows, 2 * cols, device=device).to(dtype)[:, ::2]  # a non-contiguous input
     assert torch.equal(torch.ops.fgplugin.pad_columns(wide, width),
                        torch.cat([wide, wide.new_zeros(rows, width - cols)], dim=1))
     with pytest.raises(RuntimeError, match="width 2 is below x's"):
-        torch.ops.fgplugin.pad_columns(torch.zeros(4, 3, device="cuda", dtype=dtype), 2)
+        torch.ops.fgplugin.pad_columns(torch.zeros(4, 3, device=device, dtype=dtype), 2)

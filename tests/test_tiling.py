@@ -53,16 +53,19 @@ def test_tile_exactly_at_threshold_is_sparse():
 
 
 def test_auto_threshold_option():
-    """threshold="auto" is accepted everywhere a threshold is; off the GPU (and for the host-side
-    statistics) it means the default 5%; it survives pickling; other strings are refused."""
+    """threshold="auto" is accepted everywhere a threshold is; off the GPU (where nothing can be
+    timed, and for the host-side statistics until a probe ran) it resolves to the default 5%; it
+    survives pickling; other strings are refused."""
     adj = CASES["dense_block"].adjacency()
     auto = adj.with_tiles(threshold="auto")
-    assert auto.tiles.threshold == "auto" and "dense above auto" in repr(auto)
+    assert auto.threshold == "auto" and "dense above auto (5% until probed)" in repr(auto)
+    assert auto.resolved_threshold(torch.float32) == auto.tiles.threshold == 0.05
+    assert auto.kernel_plan(torch.float32) is None  # no block-adaptive kernel on the CPU
     assert auto.tiles.tile_col.tolist() == adj.with_tiles(threshold=0.05).tiles.tile_col.tolist()
     buffer = io.BytesIO()
     torch.save(auto, buffer)
     buffer.seek(0)
-    assert torch.load(buffer, weights_only=True).tiles.threshold == "auto"
+    assert torch.load(buffer, weights_only=True).threshold == "auto"
     x = torch.randn(adj.shape[1], 5)
     assert torch.equal(fgplugin.spmm(auto, x), fgplugin.spmm(adj, x))
     with pytest.raises(ValueError, match='or "auto"'):
@@ -131,6 +134,7 @@ def test_to_device_moves_everything_and_keeps_caches():
 def test_nbytes_and_repr():
     adj = CASES["hub_row"].adjacency()
     expected = (adj.rowptr.numel() + adj.col.numel() + adj.edge_perm.numel()) * 4
+    assert adj.nbytes == expected  # tile statistics are computed on first use
     expected += sum(t.numel() * t.element_size() for t in (adj.tiles.panel_ptr, adj.tiles.tile_col, adj.tiles.tile_nnz))
     assert adj.nbytes == expected
     adj.transpose()
@@ -152,7 +156,41 @@ def test_pickle_and_weights_only_load_roundtrip():
     for other in (loaded, copy):
         assert torch.equal(fgplugin.spmm(other, x, *other.norm("gcn")), fgplugin.spmm(adj, x, *adj.norm("gcn")))
         assert torch.equal(other.perm, adj.perm) and torch.equal(other.inv_perm, adj.inv_perm)
-        assert "transpose" in other._shared
+        assert other.threshold == adj.threshold and other.tile_size == adj.tile_size
+
+
+@pytest.mark.parametrize("field, damage", [
+    ("col", lambda t: t.__setitem__(5, 50_000_000)),
+    ("col", lambda t: t.__setitem__(5, -1)),
+    ("rowptr", lambda t: t.__setitem__(3, t[4] + 1)),
+    ("rowptr", lambda t: t.__setitem__(-1, t[-1] - 1)),
+    ("perm", lambda t: t.__setitem__(0, t[1])),
+    ("edge_perm", lambda t: t.__setitem__(0, 10**9)),
+    ("values", lambda t: t.__setitem__(0, float("nan"))),
+])
+def test_damaged_saved_adjacency_is_refused_on_load(field, damage):
+    """A saved adjacency is checked when it is read back: a damaged or edited file gives a
+    ValueError that says so, never a crash or a result read from outside x."""
+    adj = CASES["not_divisible_weighted"].adjacency(perm=torch.randperm(70))
+    state = adj.__getstate__()
+    state[field] = state[field].clone()
+    damage(state[field])
+    damaged = TiledAdjacency.__new__(TiledAdjacency)
+    with pytest.raises(ValueError, match="damaged or was edited"):
+        damaged.__setstate__(state)
+
+
+def test_adjacency_saved_by_an_older_version_loads():
+    """The state written before it carried a format (with a tile plan tuple) still loads."""
+    adj = CASES["hub_row"].adjacency()
+    state = {k: v for k, v in adj.__getstate__().items() if k not in ("format", "tile_size", "threshold")}
+    state["tiles"] = (32, 0.05, torch.zeros(11, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+                      torch.zeros(0, dtype=torch.int32), 0)
+    state["transpose"] = None
+    old = TiledAdjacency.__new__(TiledAdjacency)
+    old.__setstate__(state)
+    x = torch.randn(300, 4)
+    assert torch.equal(fgplugin.spmm(old, x), fgplugin.spmm(adj, x)) and old.threshold == 0.05
 
 
 def test_norm_is_cached_unless_values_need_grad():
@@ -214,7 +252,7 @@ def test_raw_op_rejects_mismatched_arguments():
     adj = TiledAdjacency.from_edge_index(EDGES, 3)
     with pytest.raises(RuntimeError, match="values must have dtype"):
         torch.ops.fgplugin.spmm(adj.rowptr, adj.col, torch.ones(3, dtype=torch.float64), torch.randn(3, 2),
-                                None, None, None, None, None, None, [], [])
+                                None, None, None, None, [], None, None, None, None, [])
     with pytest.raises(RuntimeError, match="col must be 1-D with the dtype of rowptr"):
-        torch.ops.fgplugin.spmm(adj.rowptr, adj.col.long(), None, torch.randn(3, 2), None, None, None, None, None,
-                                None, [], [])
+        torch.ops.fgplugin.spmm(adj.rowptr, adj.col.long(), None, torch.randn(3, 2), None, None, None, None, [],
+                                None, None, None, None, [])

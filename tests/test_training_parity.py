@@ -18,9 +18,10 @@ EPOCHS = 200
 
 @pytest.fixture(scope="module")
 def cora():
-    from fgplugin.datasets import load_npz, require_shared_data
+    from conftest import require_data_dir
+    from fgplugin.datasets import load_npz
 
-    require_shared_data()
+    require_data_dir()
     return load_npz("cora", features="dense")
 
 

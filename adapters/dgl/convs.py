@@ -1,12 +1,11 @@
 """DGL's ``GraphConv``, ``SAGEConv`` (mean) and ``SGConv`` with their aggregation on fgplugin's SpMM.
 
-Each subclasses the stock layer and overrides only ``forward``: constructor, parameters,
-``state_dict``, errors and results (within float rounding) stay DGL's. Where fgplugin cannot
-serve a call (a graph with several edge types, features on another device, an aggregator other
-than mean) the stock code runs. The structure of a graph is built once and kept on DGL's graph
-index (``graph._graph``), which ``local_scope()`` shares and any structural change replaces.
-An input that is the same unchanged tensor on every call and needs no gradient has its
-aggregation kept from the second call on (fgplugin.input_cache): then only the dense products run.
+Each subclasses the stock layer and overrides only ``forward``, which hands the aggregation to
+fgplugin.aggregation (with its shortcuts): constructor, parameters, ``state_dict``, errors and
+results (within float rounding) stay DGL's. Where fgplugin cannot serve a call (a graph with
+several edge types, features on another device, an aggregator other than mean) the stock code
+runs. The structure of a graph is built once and kept on DGL's graph index (``graph._graph``),
+which ``local_scope()`` shares and any structural change replaces.
 """
 from __future__ import annotations
 
@@ -15,9 +14,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-import fgplugin
-from fgplugin import TiledAdjacency, input_cache
-from fgplugin.ops import aggregate_padded_product, padded_width, transform_with_bias
+from fgplugin import Normalization, TiledAdjacency
+from fgplugin.aggregation import Aggregation, aggregate, linear_parts
 
 from ._import_shim import import_dgl
 
@@ -53,21 +51,6 @@ def _build_structure(graph) -> Structure:
     return built
 
 
-def _spmm(adj: TiledAdjacency, x: Tensor, row_scale=None, col_scale=None) -> Tensor:
-    """``spmm`` over the first dimension of an ``(N, *, F)`` feature tensor."""
-    out = fgplugin.spmm(adj, x.reshape(x.shape[0], -1), row_scale, col_scale)
-    return out.view(out.shape[0], *x.shape[1:])
-
-
-def _aggregate_transformed(adj: TiledAdjacency, x: Tensor, weight: Tensor, row_scale, col_scale, bias) -> Tensor:
-    """``A (X W) + bias``. Where the kernel wants wider rows than W's columns (47 on CUDA: 48),
-    ``W`` gets zero columns so that ``X W`` comes out that wide and the SpMM takes it as it is,
-    instead of padding a copy and cutting its output back (see ``fgplugin.ops.padded_width``);
-    the bias add cuts the extra columns (``fgplugin.ops.aggregate_padded_product``)."""
-    return aggregate_padded_product(lambda h: _spmm(adj, h, row_scale, col_scale), x, weight,
-                                    padded_width(weight.shape[1], x.dtype, x.device), bias)
-
-
 def _served(graph, feat_src: Tensor, edge_weight) -> Structure | None:
     """The graph's structure, carrying ``edge_weight``, when fgplugin can run this call; else
     ``None``, and the stock code runs (with its errors)."""
@@ -86,16 +69,20 @@ def _served(graph, feat_src: Tensor, edge_weight) -> Structure | None:
         return None
 
 
-def _kept(layer, graph, feat_src: Tensor, edge_weight, found: Structure, compute, *settings) -> Tensor | None:
-    """``compute()``, the aggregation of ``feat_src``, kept from an earlier call when it is a
-    constant input over the same graph and edge weights (fgplugin.input_cache), else ``None``.
-    ``settings``: the layer's options that ``compute`` depends on."""
-    deps = (structure(graph).adj, edge_weight, type(layer).__name__, *settings)
-    nbytes = feat_src.numel() // max(feat_src.shape[0], 1) * found.adj.shape[0] * feat_src.element_size()
-    return input_cache.of(layer).get(feat_src, deps, nbytes, compute)
+def _aggregation(graph, found: Structure, edge_weight, layer: str, row_scale=None, col_scale=None) -> Aggregation:
+    """The aggregation of ``found`` with the given scales, keyed by the graph's structure, the edge
+    weights and the layer kind (what the scales are computed from)."""
+    return Aggregation(found.adj, Normalization(row_scale, col_scale, None), (structure(graph).adj, edge_weight, layer))
 
 
-class GraphConv(dgl_conv.GraphConv):
+class _Named:
+    """Mixin: ``print(model)`` names the fgplugin layer."""
+
+    def _get_name(self) -> str:
+        return f"fgplugin.dgl.{type(self).__name__}"
+
+
+class GraphConv(_Named, dgl_conv.GraphConv):
     r"""Drop-in :class:`dgl.nn.GraphConv` whose aggregation runs on fgplugin's SpMM.
 
     Same constructor (``norm`` in both/right/left/none, ``weight``, ``bias``, ``activation``,
@@ -106,31 +93,19 @@ class GraphConv(dgl_conv.GraphConv):
     """
 
     def forward(self, graph, feat, weight=None, edge_weight=None):
-        feat_src, feat_dst = expand_as_pair(feat, graph)
+        feat_src, _ = expand_as_pair(feat, graph)
         found = _served(graph, feat_src, edge_weight)
         if found is None or (found.zero_in_degree and not self._allow_zero_in_degree) \
                 or (weight is not None and self.weight is not None):
             return super().forward(graph, feat, weight=weight, edge_weight=edge_weight)
-        adj = found.adj
-        row_scale, col_scale, _ = adj.norm(self._norm)
-        weight = self.weight if weight is None else weight
-        kept = None if weight is None else _kept(self, graph, feat_src, edge_weight, found,
-                                                 lambda: _spmm(adj, feat_src, row_scale, col_scale), self._norm)
-        if kept is not None:  # a constant input's A X, kept: (A X) W = A (X W)
-            rst = transform_with_bias(kept, weight, self.bias)
-        elif weight is not None and self._in_feats > self._out_feats:  # W first: aggregate fewer columns
-            rst = _aggregate_transformed(adj, feat_src, weight, row_scale, col_scale, self.bias)
-        elif weight is not None:
-            rst = transform_with_bias(_spmm(adj, feat_src, row_scale, col_scale), weight, self.bias)
-        else:
-            rst = _spmm(adj, feat_src, row_scale, col_scale)
-            rst = rst if self.bias is None else rst + self.bias
-        if self._activation is not None:
-            rst = self._activation(rst)
-        return rst
+        row_scale, col_scale, _ = found.adj.norm(self._norm)
+        aggregation = _aggregation(graph, found, edge_weight, f"GraphConv-{self._norm}", row_scale, col_scale)
+        rst = aggregate(aggregation, feat_src, weight=self.weight if weight is None else weight, bias=self.bias,
+                        owner=self)
+        return rst if self._activation is None else self._activation(rst)
 
 
-class SAGEConv(dgl_conv.SAGEConv):
+class SAGEConv(_Named, dgl_conv.SAGEConv):
     r"""Drop-in :class:`dgl.nn.SAGEConv`; ``aggregator_type="mean"`` runs on fgplugin's SpMM, the
     other aggregators (gcn, pool, lstm) keep the stock code. Same constructor, parameters,
     ``forward(graph, feat, edge_weight=None)`` and results as the stock layer."""
@@ -146,15 +121,12 @@ class SAGEConv(dgl_conv.SAGEConv):
             feat_src = feat_dst = self.feat_drop(feat)
             if graph.is_block:
                 feat_dst = feat_src[: graph.number_of_dst_nodes()]
-        adj = found.adj
-        row_scale = adj.norm("mean").row_scale
-        kept = _kept(self, graph, feat_src, edge_weight, found, lambda: _spmm(adj, feat_src, row_scale))
-        if kept is not None:  # a constant input's neighbour mean, kept
-            h_neigh = self.fc_neigh(kept)
-        elif self._in_src_feats > self._out_feats:  # A (X W): aggregate fewer columns
-            h_neigh = _spmm(adj, self.fc_neigh(feat_src), row_scale)
+        aggregation = _aggregation(graph, found, edge_weight, "SAGEConv-mean", found.adj.norm("mean").row_scale)
+        parts = linear_parts(self.fc_neigh)
+        if parts is None:
+            h_neigh = self.fc_neigh(aggregate(aggregation, feat_src, owner=self))
         else:
-            h_neigh = self.fc_neigh(_spmm(adj, feat_src, row_scale))
+            h_neigh = aggregate(aggregation, feat_src, weight=parts[0], bias=parts[1], owner=self)
         rst = self.fc_self(feat_dst) + h_neigh
         if self.activation is not None:
             rst = self.activation(rst)
@@ -163,7 +135,7 @@ class SAGEConv(dgl_conv.SAGEConv):
         return rst
 
 
-class SGConv(dgl_conv.SGConv):
+class SGConv(_Named, dgl_conv.SGConv):
     r"""Drop-in :class:`dgl.nn.SGConv` whose k propagation steps run on fgplugin's SpMM.
 
     Same constructor, ``forward(graph, feat, edge_weight=None)``, errors and results as the stock
@@ -181,15 +153,10 @@ class SGConv(dgl_conv.SGConv):
         if edge_weight is None:
             row_scale = col_scale = adj.in_degree().to(feat).clamp(min=1).rsqrt()
         else:
-            row_scale, col_scale = _positive_rsqrt(adj.in_degree(weighted=True)), _positive_rsqrt(
-                adj.out_degree(weighted=True))
-        def propagate(h=feat):
-            for _ in range(self._k):
-                h = _spmm(adj, h, row_scale, col_scale)
-            return h
-
-        kept = _kept(self, graph, feat, edge_weight, found, propagate, self._k)
-        feat = kept if kept is not None else propagate()
+            row_scale = _positive_rsqrt(adj.in_degree(weighted=True))
+            col_scale = _positive_rsqrt(adj.out_degree(weighted=True))
+        aggregation = _aggregation(graph, found, edge_weight, "SGConv", row_scale, col_scale)
+        feat = aggregate(aggregation, feat, hops=self._k, owner=self)
         if self.norm is not None:
             feat = self.norm(feat)
         if self._cached:

@@ -10,11 +10,12 @@ LAYERS = {dgl_conv.GraphConv: GraphConv, dgl_conv.SAGEConv: SAGEConv, dgl_conv.S
 
 _swaps = AdapterSwaps(LAYERS)
 
-#: Swaps the stock layers (and ``torch.nn.Dropout``) of a model for fgplugin's, in place
-#: (see AdapterSwaps.convert); ``convert(model, dropout=False)`` keeps torch's dropout.
+#: Swaps the stock layers (and ``torch.nn.Dropout``) of a model for fgplugin's, in place: the
+#: model's own modules change class, weights and settings kept (see AdapterSwaps.convert);
+#: ``convert(model, dropout=False)`` keeps torch's dropout.
 convert = _swaps.convert
-#: ``dgl.nn.GraphConv`` & co. and ``torch.nn.Dropout`` become ours in every imported module;
-#: ``patch(dropout=False)`` leaves dropout alone.
+#: ``dgl.nn.GraphConv`` & co. become ours in every imported module; ``patch(dropout=True)``
+#: also swaps ``torch.nn.Dropout``.
 patch = _swaps.patch
 #: Undoes :func:`patch`.
 unpatch = _swaps.unpatch

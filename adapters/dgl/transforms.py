@@ -52,10 +52,9 @@ class BlockReorder(BaseTransform):
                 out.ndata[key] = value[perm.to(value.device)]
         for key, value in g.edata.items():
             out.edata[key] = value
-        previous = g.ndata.get("perm")
-        out.ndata["perm"] = perm if previous is None else previous[perm]
-        out.ndata["inv_perm"] = torch.empty_like(out.ndata["perm"])
-        out.ndata["inv_perm"][out.ndata["perm"]] = torch.arange(n, device=perm.device)
+        if "perm" in g.ndata:  # applied before: compose, so that perm stays relative to the original order
+            adj.perm = g.ndata["perm"][perm]
+        out.ndata["perm"], out.ndata["inv_perm"] = adj.perm, adj.inv_perm
         # The layers' structure cache (fgplugin.dgl.convs.structure): built here, not again later.
         out._graph._fgplugin_structure = Structure(adj, bool((adj.in_degree() == 0).any()))
         return out

@@ -19,7 +19,7 @@ try:
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError("fgplugin.pyg needs PyTorch Geometric; install it with `pip install fgplugin[pyg]`") from err
 
-from ._plan import gcn_scales
+from ._aggregation import gcn_scales
 from .gcn_conv import GCNConv
 from .lg_conv import LGConv
 from .patching import LAYERS, convert, patch, unpatch

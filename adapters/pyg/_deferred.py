@@ -1,21 +1,22 @@
 """The ``torch.compile`` path of the PyG layers for an ``edge_index``: one opaque op per aggregation.
 
-Building a graph's structure (CSR, tile plan) needs data-dependent shapes, so it cannot be
+Building a graph's structure (CSR, kernel plans) needs data-dependent shapes, so it cannot be
 traced. Under ``torch.compile`` a layer given an ``edge_index`` therefore does not build or look up
-anything while tracing: it records a :class:`DeferredPlan`, and its aggregation becomes one call of
+anything while tracing: it records a :class:`DeferredAggregation`, and its aggregation becomes one call of
 the custom op ``fgplugin::pyg_aggregate(edge_index, edge_weight, x, ...)``, whose output shape
 ``[n_dst, F]`` is known without running it. The op runs eagerly inside the compiled graph: it finds
 (or, the first time, builds) the structure in _graph.py's per-object cache and aggregates with
-exactly the eager layer's plan (``plan_of``). So a model compiled before it has seen its graph has
+exactly the eager layer's aggregation (``aggregation_of``). So a model compiled before it has seen its graph has
 no graph breaks, and a new ``edge_index`` object needs no recompilation.
 
 Gradients: for ``x`` alone, the adjoint product (``fgplugin.ops.spmm_adjoint``, no forward
 recompute). When the edge weights require grad too, the product's own gradients come from
-``fgplugin.ops.spmm_vjp`` and are carried back to the weights through the plan's values and
+``fgplugin.ops.spmm_vjp`` and are carried back to the weights through the aggregation's values and
 scales (which depend on the weights through the degrees) with ``torch.func.vjp``: autograd is off
-below a custom op, functorch's transform is not, and that part has no custom op in it. The
-backward op is not itself differentiable: double backward through this path raises PyTorch's
-error for ops without autograd.
+below a custom op, functorch's transform is not, and that part has no custom op in it. Both use
+the spmm op's one gradient formula (``fgplugin.ops.input_grads``). The backward op is not itself
+differentiable: double backward through this path raises PyTorch's error for ops without
+autograd.
 """
 from __future__ import annotations
 
@@ -24,15 +25,16 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-import fgplugin
-from fgplugin.ops import spmm_adjoint, spmm_vjp
+from fgplugin.aggregation import Aggregation
+from fgplugin.ops import padded_width, spmm_adjoint, spmm_vjp
 
+from ._aggregation import NormSpec, aggregation_of
 from ._graph import graph_of
-from ._plan import NormSpec, Plan, plan_of
 
 
-class DeferredPlan(NamedTuple):
-    """A plan recorded while tracing: the graph and what to do with it, built when the op runs."""
+class DeferredAggregation(NamedTuple):
+    """An aggregation recorded while tracing: the graph and what to do with it, built when the op
+    runs (an aggregation as fgplugin.aggregation defines it; never kept by the input cache)."""
 
     edge_index: Tensor
     edge_weight: Tensor | None
@@ -49,27 +51,35 @@ class DeferredPlan(NamedTuple):
     def device(self) -> torch.device:
         return self.edge_index.device
 
-    def aggregate(self, x: Tensor) -> Tensor:
+    @property
+    def key(self) -> tuple:
+        return ()
+
+    def vector_width(self, features: int, dtype: torch.dtype) -> int:
+        return padded_width(features, dtype, self.device)
+
+    def __call__(self, x: Tensor) -> Tensor:
         """The aggregation of 2-D ``x`` ``[n_src, F]`` -> ``[n_dst, F]``."""
         return torch.ops.fgplugin.pyg_aggregate(self.edge_index, self.edge_weight, x, self.n_src, self.n_dst,
                                                 self.flip, *self.norm)
 
 
-def _eager_plan(edge_index, edge_weight, n_src, n_dst, flip, norm: NormSpec) -> Plan:
+def _eager_aggregation(edge_index, edge_weight, n_src, n_dst, flip, norm: NormSpec) -> Aggregation:
     graph = graph_of(edge_index, n_src, n_dst, flip, strict=True)
-    plan = plan_of(graph, edge_weight, norm)
-    if plan is None:
+    aggregation = aggregation_of(graph, edge_weight, norm)
+    if aggregation is None:
         raise ValueError("fgplugin: edge_weight must be finite, one float per edge; clean it (e.g. "
                          "torch.nan_to_num) before the layer")
-    return plan
+    return aggregation
 
 
 @torch.library.custom_op("fgplugin::pyg_aggregate", mutates_args=())
 def pyg_aggregate(edge_index: Tensor, edge_weight: Optional[Tensor], x: Tensor, n_src: int, n_dst: int, flip: bool,
                   norm: str, improved: bool, add_self_loops: bool) -> Tensor:
-    plan = _eager_plan(edge_index, edge_weight, n_src, n_dst, flip, NormSpec(norm, improved, add_self_loops))
+    aggregation = _eager_aggregation(edge_index, edge_weight, n_src, n_dst, flip,
+                                     NormSpec(norm, improved, add_self_loops))
     with torch.no_grad():  # this op's gradient is registered below
-        return fgplugin.spmm(plan.adj, x, *plan.norm)
+        return aggregation(x)
 
 
 @pyg_aggregate.register_fake
@@ -85,16 +95,16 @@ def pyg_aggregate_backward(grad: Tensor, edge_index: Tensor, edge_weight: Option
     """(gradient of ``edge_weight`` or an empty tensor, gradient of ``x``); ``x`` is needed (and
     saved) only with ``need_weight``."""
     spec = NormSpec(norm, improved, add_self_loops)
-    plan = _eager_plan(edge_index, edge_weight, n_src, n_dst, flip, spec)
+    aggregation = _eager_aggregation(edge_index, edge_weight, n_src, n_dst, flip, spec)
     if not need_weight:
         with torch.no_grad():
-            return grad.new_empty(0), spmm_adjoint(plan.adj, grad, *plan.norm)
+            return grad.new_empty(0), spmm_adjoint(aggregation.adj, grad, *aggregation.norm)
     with torch.no_grad():
-        grads = spmm_vjp(plan.adj, x, grad, *plan.norm)  # (values, x, row scale, col scale, diag)
-    used = [i for i, t in enumerate((plan.adj.values, *plan.norm)) if t is not None]
+        grads = spmm_vjp(aggregation.adj, x, grad, *aggregation.norm)  # (values, x, row scale, col scale, diag)
+    used = [i for i, t in enumerate((aggregation.adj.values, *aggregation.norm)) if t is not None]
 
     def op_inputs(weight):  # the weights -> what the product was given (CSR values, scales)
-        weighted = _eager_plan(edge_index, weight, n_src, n_dst, flip, spec)
+        weighted = _eager_aggregation(edge_index, weight, n_src, n_dst, flip, spec)
         every = (weighted.adj.values, *weighted.norm)
         return tuple(every[i] for i in used)
 

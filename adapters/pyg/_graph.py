@@ -37,7 +37,7 @@ class Graph(NamedTuple):
     ``adj`` holds the edges with unit weights, rows = targets, in the edge order of the input (so
     ``adj.with_values(w)`` takes per-edge tensors as the input orders them). ``kind`` is
     ``"edge_index"``, ``"torch.sparse"``, ``"SparseTensor"`` or ``"tiled"``: the stock layers
-    treat existing self loops differently for each (see gcn_scales in _plan.py), which is why
+    treat existing self loops differently for each (see gcn_scales in _aggregation.py), which is why
     ``loops`` lists the positions of the self-loop edges (in edge order) and ``loop_nodes`` their
     nodes. Nothing here refers to the input object, so the cache entry can die with it.
     """

@@ -1,19 +1,19 @@
-"""What the fgplugin PyG layers share: the plan they aggregate with, the aggregation itself, and
-the rules for handing a call to the stock code (hooks, explain mode, TorchScript)."""
+"""What the fgplugin PyG layers share: the aggregation of their graph input, and the rules for
+handing a call to the stock code (hooks, explain mode, TorchScript)."""
 from __future__ import annotations
 
 import copy
-from typing import Callable
 
 import torch
 from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
+from torch_geometric.nn.dense.linear import Linear
 
-from fgplugin import input_cache
+from fgplugin.aggregation import Aggregation, linear_parts
 
-from ._deferred import DeferredPlan
+from ._aggregation import NONE, NormSpec, aggregation_of
+from ._deferred import DeferredAggregation
 from ._graph import SPARSE_KINDS, graph_of, input_kind, values_of
-from ._plan import NONE, NormSpec, Plan, plan_of
 
 # MessagePassing hooks run inside the stock propagate(); a layer with any of them registered
 # keeps the stock path so that they see their messages.
@@ -23,56 +23,63 @@ _HOOKS = (
     "_aggregate_forward_pre_hooks", "_aggregate_forward_hooks",
     "_message_and_aggregate_forward_pre_hooks", "_message_and_aggregate_forward_hooks",
 )
+# The linear maps fgplugin.aggregation may apply itself (x W^T + b).
+LINEAR_KINDS = (Linear, torch.nn.Linear)
 
 
-def make_plan(source, edge_weight: Tensor | None, n_src: int, n_dst: int, flip: bool, norm: NormSpec,
-              values_from: tuple[str, ...] = SPARSE_KINDS) -> Plan | DeferredPlan | None:
-    """The plan of a layer's graph input ``source``, or ``None`` where the stock code must run.
+def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int, flip: bool, norm: NormSpec,
+                     values_from: tuple[str, ...] = SPARSE_KINDS) -> Aggregation | DeferredAggregation | None:
+    """The aggregation of a layer's graph input ``source``, or ``None`` where the stock code must
+    run.
 
     The edge values are those of a sparse input whose kind is in ``values_from``, else
-    ``edge_weight``. Under ``torch.compile`` an ``edge_index`` gives a :class:`DeferredPlan`
-    (built when the compiled graph runs; see _deferred.py), so tracing never breaks on it.
+    ``edge_weight``. Under ``torch.compile`` an ``edge_index`` gives a
+    :class:`DeferredAggregation` (built when the compiled graph runs; see _deferred.py), so
+    tracing never breaks on it.
     """
     if torch.compiler.is_compiling() and input_kind(source) == "edge_index":
-        return DeferredPlan(source, edge_weight, n_src, n_dst, flip, norm)
+        return DeferredAggregation(source, edge_weight, n_src, n_dst, flip, norm)
     graph = graph_of(source, n_src, n_dst, flip)
     if graph is None:
         return None
     if graph.kind not in values_from:
-        return plan_of(graph, edge_weight, norm)
-    return plan_of(graph, values_of(source), norm, source if graph.kind == "torch.sparse" else None)
+        return aggregation_of(graph, edge_weight, norm)
+    return aggregation_of(graph, values_of(source), norm, source if graph.kind == "torch.sparse" else None)
 
 
-def fits(plan: Plan | DeferredPlan | None, x: Tensor, node_dim: int, n_dst: int | None = None) -> bool:
-    """Whether ``plan`` can aggregate the nodes of ``x`` into ``n_dst`` nodes (device, node
-    counts); where it cannot, the stock layer runs and raises its own error."""
-    if plan is None or x.dim() < 2:
+def fits(aggregation, x: Tensor, node_dim: int, n_dst: int | None = None) -> bool:
+    """Whether ``aggregation`` can aggregate the nodes of ``x`` into ``n_dst`` nodes (device,
+    node counts); where it cannot, the stock layer runs and raises its own error."""
+    if aggregation is None or x.dim() < 2:
         return False
-    n_rows, n_cols = plan.shape
-    return x.device == plan.device and x.size(node_dim) == n_cols and (n_dst is None or n_rows == n_dst)
+    n_rows, n_cols = aggregation.shape
+    return x.device == aggregation.device and x.size(node_dim) == n_cols and (n_dst is None or n_rows == n_dst)
 
 
-def aggregate(plan: Plan | DeferredPlan, x: Tensor, node_dim: int) -> Tensor:
-    """``spmm`` over the node dimension ``node_dim`` of ``x`` (PyG's static graphs pass
-    ``[batch, nodes, features]``): the other dimensions are folded into the feature columns."""
-    if x.dim() == 2 and node_dim in (0, -2):
-        return plan.aggregate(x)
-    x = x.movedim(node_dim, 0)
-    out = plan.aggregate(x.reshape(x.shape[0], -1))
-    return out.view(out.shape[0], *x.shape[1:]).movedim(0, node_dim)
+def linear(module) -> tuple[Tensor, Tensor | None] | None:
+    """``(weight.t(), bias)`` of a layer's plain linear map (fgplugin.aggregation.linear_parts)."""
+    return linear_parts(module, LINEAR_KINDS)
 
 
 class FgpluginLayer:
-    """Mixin of the drop-in layers. ``_stock`` is the PyG class a layer replaces; ``_plan_caches``
+    """Mixin of the drop-in layers. ``_stock`` is the PyG class a layer replaces; ``_graph_caches``
     names the stock attributes in which it caches its normalized graph (there the drop-in keeps
-    its :class:`Plan` instead, so ``conv._cached_edge_index = None`` still resets the cache)."""
+    its aggregation instead, so ``conv._cached_edge_index = None`` still resets the cache)."""
 
     _stock: type
-    _plan_caches: tuple[str, ...] = ()
+    _graph_caches: tuple[str, ...] = ()
     # PyG keeps what `propagate` resolves to before it generates a class's own as
     # `_orig_propagate` (the decomposed-layers path): MessagePassing's, not the stock layer's
     # generated one, which a stock instance built first would otherwise leave here.
     propagate = MessagePassing.propagate
+
+    # repr() names the implementation, so print(model) shows which layers are fgplugin's; str()
+    # keeps the stock layer's text, which scripts and PyG's own tests compare.
+    def __repr__(self) -> str:
+        return f"fgplugin.pyg.{self._stock.__repr__(self)}"
+
+    def __str__(self) -> str:
+        return self._stock.__repr__(self)
 
     def _fgplugin_serves(self) -> bool:
         """False where the stock propagate() must run: explain mode, hooks (they must see the
@@ -81,41 +88,30 @@ class FgpluginLayer:
         ``decomposed_layers=1``, which PyG's own test demands to allclose's default 1e-8)."""
         return not self._explain and not any(getattr(self, h) for h in _HOOKS)
 
-    def _served_plan(self, x, edge_index, edge_weight) -> Plan | None:
-        """The plan for a node-feature input ``x`` of a one-node-set layer when fgplugin serves
-        this call (else ``None``: the caller runs the stock code)."""
+    def _served_aggregation(self, x, edge_index, edge_weight):
+        """The aggregation for a node-feature input ``x`` of a one-node-set layer when fgplugin
+        serves this call (else ``None``: the caller runs the stock code)."""
         if not (isinstance(x, Tensor) and x.dim() >= 2 and self._fgplugin_serves()):
             return None
-        plan = self._plan(x.size(self.node_dim), edge_index, edge_weight)
-        return plan if fits(plan, x, self.node_dim) else None
-
-    def _kept_aggregation(self, plan: Plan | DeferredPlan, x: Tensor, compute: Callable[[], Tensor] | None = None,
-                          extra: tuple = ()) -> Tensor | None:
-        """``compute()`` (default: ``aggregate(plan, x)``) kept from an earlier call when ``x`` is
-        a constant input over the same graph (fgplugin.input_cache), else ``None``. ``extra``:
-        the layer's settings that ``compute`` depends on beyond the plan."""
-        if not isinstance(plan, Plan) or not plan.key or x.dim() < 2:
-            return None
-        nbytes = x.numel() // max(x.size(self.node_dim), 1) * plan.shape[0] * x.element_size()
-        compute = compute or (lambda: aggregate(plan, x, self.node_dim))
-        return input_cache.of(self).get(x, (*plan.key, self.node_dim, *extra), nbytes, compute)
+        aggregation = self._aggregation(x.size(self.node_dim), edge_index, edge_weight)
+        return aggregation if fits(aggregation, x, self.node_dim) else None
 
     def _stock_forward(self, *args):
-        # The stock code reads its caches as normalized graphs, never as our plans.
-        for name in self._plan_caches:
-            if isinstance(getattr(self, name), (Plan, DeferredPlan)):
+        # The stock code reads its caches as normalized graphs, never as our aggregations.
+        for name in self._graph_caches:
+            if isinstance(getattr(self, name), (Aggregation, DeferredAggregation)):
                 setattr(self, name, None)
         return self._stock.forward(self, *args)
 
-    def _adopt_stock_cache(self, name: str, n: int) -> Plan | DeferredPlan | None:
-        """A plan for a normalized graph the stock code cached in attribute ``name`` (before a
-        ``convert()``, or on a stock-path call), so the layer goes on with our kernel."""
+    def _adopt_stock_cache(self, name: str, n: int):
+        """An aggregation for a normalized graph the stock code cached in attribute ``name``
+        (before a ``convert()``, or on a stock-path call), so the layer goes on with our kernel."""
         cache = getattr(self, name)
         source, values = (cache[0], cache[1]) if isinstance(cache, tuple) else (cache, None)
-        plan = make_plan(source, values, n, n, self.flow == "target_to_source", NONE)
-        if plan is not None:
-            setattr(self, name, plan)
-        return plan
+        aggregation = make_aggregation(source, values, n, n, self.flow == "target_to_source", NONE)
+        if aggregation is not None:
+            setattr(self, name, aggregation)
+        return aggregation
 
     def __prepare_scriptable__(self):
         """TorchScript cannot compile fgplugin's graph handling (Python objects), so
@@ -123,9 +119,8 @@ class FgpluginLayer:
         twin = copy.copy(self)
         twin.__class__ = self._stock
         twin.__dict__.pop("propagate", None)  # PyG's decomposed_layers binds it to `self`
-        for name in self._plan_caches:
-            if isinstance(getattr(twin, name), (Plan, DeferredPlan)):
+        for name in self._graph_caches:
+            if isinstance(getattr(twin, name), (Aggregation, DeferredAggregation)):
                 setattr(twin, name, None)
         twin._set_jittable_templates()
         return twin
-

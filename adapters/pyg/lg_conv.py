@@ -5,9 +5,10 @@ from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor
 
-from ._deferred import DeferredPlan
-from ._layer import FgpluginLayer, aggregate, make_plan
-from ._plan import NONE, NormSpec, Plan
+from fgplugin.aggregation import aggregate
+
+from ._aggregation import NONE, NormSpec
+from ._layer import FgpluginLayer, make_aggregation
 
 
 class LGConv(FgpluginLayer, pyg_conv.LGConv):
@@ -24,11 +25,11 @@ class LGConv(FgpluginLayer, pyg_conv.LGConv):
     propagate_type = {"x": Tensor, "edge_weight": OptTensor}
 
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
-        plan = self._served_plan(x, edge_index, edge_weight)
-        if plan is None:
+        aggregation = self._served_aggregation(x, edge_index, edge_weight)
+        if aggregation is None:
             return self._stock_forward(x, edge_index, edge_weight)
-        return aggregate(plan, x, self.node_dim)
+        return aggregate(aggregation, x, owner=self, node_dim=self.node_dim)
 
-    def _plan(self, n: int, edge_index, edge_weight) -> Plan | DeferredPlan | None:
+    def _aggregation(self, n: int, edge_index, edge_weight):
         norm = NormSpec("gcn", add_self_loops=False) if self.normalize else NONE
-        return make_plan(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm)
+        return make_aggregation(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm)

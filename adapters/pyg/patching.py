@@ -15,11 +15,12 @@ LAYERS = {pyg_conv.GCNConv: GCNConv, pyg_conv.SAGEConv: SAGEConv, pyg_conv.SGCon
 # PyG generates each layer class's propagate(); a converted layer needs the one of its new class.
 _swaps = AdapterSwaps(LAYERS, on_convert=lambda module: module._set_jittable_templates())
 
-#: Swaps the stock layers (and ``torch.nn.Dropout``) of a model for fgplugin's, in place
-#: (see AdapterSwaps.convert); ``convert(model, dropout=False)`` keeps torch's dropout.
+#: Swaps the stock layers (and ``torch.nn.Dropout``) of a model for fgplugin's, in place: the
+#: model's own modules change class, weights and settings kept (see AdapterSwaps.convert);
+#: ``convert(model, dropout=False)`` keeps torch's dropout.
 convert = _swaps.convert
-#: ``torch_geometric.nn.GCNConv`` & co. (also as bound by ``torch_geometric.nn.models``) and
-#: ``torch.nn.Dropout`` become ours; ``patch(dropout=False)`` leaves dropout alone.
+#: ``torch_geometric.nn.GCNConv`` & co. (also as bound by ``torch_geometric.nn.models``) become
+#: ours; ``patch(dropout=True)`` also swaps ``torch.nn.Dropout``.
 patch = _swaps.patch
 #: Undoes :func:`patch`.
 unpatch = _swaps.unpatch

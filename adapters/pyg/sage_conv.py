@@ -7,9 +7,10 @@ from torch_geometric import EdgeIndex
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptPairTensor, Size
 
-from ._deferred import DeferredPlan
-from ._layer import FgpluginLayer, aggregate, fits, make_plan
-from ._plan import MEAN, Plan
+from fgplugin.aggregation import aggregate
+
+from ._aggregation import MEAN
+from ._layer import FgpluginLayer, fits, linear, make_aggregation
 
 
 class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
@@ -30,16 +31,19 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
 
     def forward(self, x: Tensor | OptPairTensor, edge_index: Adj, size: Size = None) -> Tensor:
         pair = (x, x) if isinstance(x, Tensor) else x
-        plan = None
+        aggregation = None
         if self.aggr == "mean" and isinstance(pair[0], Tensor) and pair[0].dim() >= 2 and self._fgplugin_serves():
-            plan = self._plan(pair, edge_index, size)
-        n_dst = None if plan is None else self._num_dst(pair, size)
-        if not fits(plan, pair[0], self.node_dim, n_dst):
+            aggregation = self._aggregation(pair, edge_index, size)
+        n_dst = None if aggregation is None else self._num_dst(pair, size)
+        if not fits(aggregation, pair[0], self.node_dim, n_dst):
             return self._stock_forward(x, edge_index, size)
         if self.project and hasattr(self, "lin"):
             pair = (self.lin(pair[0]).relu(), pair[1])
-        kept = self._kept_aggregation(plan, pair[0])  # a constant input's mean, kept (fgplugin.input_cache)
-        out = self.lin_l(kept if kept is not None else aggregate(plan, pair[0], self.node_dim))
+        parts = linear(self.lin_l)
+        if parts is None:
+            out = self.lin_l(aggregate(aggregation, pair[0], owner=self, node_dim=self.node_dim))
+        else:
+            out = aggregate(aggregation, pair[0], weight=parts[0], bias=parts[1], owner=self, node_dim=self.node_dim)
         if self.root_weight and pair[1] is not None:
             out = out + self.lin_r(pair[1])
         if self.normalize:
@@ -57,12 +61,12 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
             n_dst = size[1]
         return n_src if n_dst is None else n_dst
 
-    def _plan(self, pair, edge_index, size: Size) -> Plan | DeferredPlan | None:
+    def _aggregation(self, pair, edge_index, size: Size):
         n_src, n_dst = pair[0].size(self.node_dim), self._num_dst(pair, size)
         if n_dst is None:
             return None
         if isinstance(edge_index, EdgeIndex) and edge_index.sparse_size() not in ((None, None), (n_src, n_dst)):
             return None
         # The stock mean ignores a SparseTensor's values but weighs torch.sparse messages.
-        return make_plan(edge_index, None, n_src, n_dst, self.flow == "target_to_source", MEAN,
-                         values_from=("torch.sparse",))
+        return make_aggregation(edge_index, None, n_src, n_dst, self.flow == "target_to_source", MEAN,
+                                values_from=("torch.sparse",))

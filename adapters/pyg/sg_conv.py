@@ -5,9 +5,10 @@ from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor
 
-from ._deferred import DeferredPlan
-from ._layer import FgpluginLayer, aggregate, make_plan
-from ._plan import NormSpec, Plan
+from fgplugin.aggregation import aggregate
+
+from ._aggregation import NormSpec
+from ._layer import FgpluginLayer, linear, make_aggregation
 
 
 class SGConv(FgpluginLayer, pyg_conv.SGConv):
@@ -16,7 +17,8 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
     Same constructor, parameters, ``state_dict``, ``forward(x, edge_index, edge_weight=None)``
     and results (within float rounding) as the stock layer. With ``cached=True`` it caches the
     propagated features in ``_cached_x`` on the first call, as the stock layer does, and later
-    calls use them (detached) whatever graph they pass.
+    calls use them (detached) whatever graph they pass. Without it, a linear map that narrows the
+    features is applied first, so the K products run on fewer columns.
     """
 
     _stock = pyg_conv.SGConv
@@ -27,20 +29,18 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
         if self._cached_x is not None:  # as stock: the features propagated on the first call
             return self.lin(self._cached_x.detach())
-        plan = self._served_plan(x, edge_index, edge_weight)
-        if plan is None:
+        aggregation = self._served_aggregation(x, edge_index, edge_weight)
+        if aggregation is None:
             return self._stock_forward(x, edge_index, edge_weight)
-        kept = self._kept_aggregation(plan, x, lambda: self._propagate(plan, x), extra=(self.K,))
-        x = kept if kept is not None else self._propagate(plan, x)
+        parts = None if self.cached else linear(self.lin)
+        if parts is not None:
+            return aggregate(aggregation, x, weight=parts[0], bias=parts[1], hops=self.K, owner=self,
+                             node_dim=self.node_dim)
+        x = aggregate(aggregation, x, hops=self.K, owner=self, node_dim=self.node_dim)
         if self.cached:
             self._cached_x = x
         return self.lin(x)
 
-    def _propagate(self, plan, x: Tensor) -> Tensor:
-        for _ in range(self.K):
-            x = aggregate(plan, x, self.node_dim)
-        return x
-
-    def _plan(self, n: int, edge_index, edge_weight) -> Plan | DeferredPlan | None:
+    def _aggregation(self, n: int, edge_index, edge_weight):
         norm = NormSpec("gcn", False, self.add_self_loops)
-        return make_plan(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm)
+        return make_aggregation(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm)

@@ -55,11 +55,9 @@ class BlockReorder(BaseTransform):
                 continue
             out[key] = value.index_select(data.__cat_dim__(key, value), perm.to(value.device))
         out.edge_index = adj.inv_perm[data.edge_index]
-        previous = data.perm if "perm" in data else None
-        out.perm = perm if previous is None else previous[perm]
-        out.inv_perm = torch.empty_like(out.perm)
-        out.inv_perm[out.perm] = torch.arange(num_nodes, device=perm.device)
-        adj.perm, adj.inv_perm = out.perm, out.inv_perm  # relative to the original order, like data.perm
+        if "perm" in data:  # applied before: compose, so that perm stays relative to the original order
+            adj.perm = data.perm[perm]
+        out.perm, out.inv_perm = adj.perm, adj.inv_perm
         out.adj_t = adj
         return out
 

@@ -1,11 +1,11 @@
-// CPU dropout: out[i] = keep(i) ? x[i] / (1 - p) : 0, with keep(i) drawn in parallel.
+// CPU kernel of the dropout op (schema: dropout.cpp): out[i] = keep(i) ? x[i] / (1 - p) : 0, with keep(i) drawn in parallel.
 //
 // Why fgplugin has its own: PyTorch draws dropout's mask on CPU with bernoulli_, which uses MKL's
 // parallel generator only on Intel CPUs and otherwise (AMD) one serial mt19937 stream, and then
 // applies it in two more passes. On the 2-core AMD EPYC machine F.dropout took 9.5 ms for an
 // 11758 x 64 input on 2 threads (its bernoulli_ was 10.2 of a 17.8 ms GCN training step on
 // tolokers: benchmarks/results/cpu/step_profile.json); this kernel takes 0.71 ms
-// (benchmarks/results/cpu/dropout.json, benchmarks/dropout_cpu.py).
+// (benchmarks/results/cpu/dropout.json).
 //
 // The draw: element i of chunk c = i / CHUNK is kept iff the (i mod CHUNK)-th 32-bit output of the
 // Philox4x32-10 stream (key = seed, subsequence = c) is below (1 - p) * 2^32; this is the stream
@@ -17,12 +17,13 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
-#include "../spmm.h"
+#include "../common.h"
 #include "x86_multiversion.h"
 
 namespace fgplugin {
@@ -118,8 +119,6 @@ void apply_chunk(const scalar_t* __restrict__ src, scalar_t* __restrict__ dst, c
   }
 }
 
-}  // namespace
-
 at::Tensor dropout_cpu(const at::Tensor& x, double p, int64_t seed) {
   TORCH_CHECK(p >= 0.0 && p <= 1.0, "fgplugin.dropout: the dropout probability p must be in [0, 1]");
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), "fgplugin.dropout: x must be a floating-point tensor, got ",
@@ -153,4 +152,9 @@ at::Tensor dropout_cpu(const at::Tensor& x, double p, int64_t seed) {
   return out;
 }
 
+}  // namespace
 }  // namespace fgplugin
+
+TORCH_LIBRARY_IMPL(fgplugin, CPU, m) {
+  m.impl("dropout", &fgplugin::dropout_cpu);
+}

@@ -1,17 +1,12 @@
-// CPU twin of the block-adaptive SpMM: a CSR row kernel with the GCN/DGL scaling fused in.
-//
-// Parallelism: rows are cut into chunks of equal work (non-zeros + rows), so a power-law hub row
-// does not leave one thread with most of the graph. One task per thread runs under
-// at::parallel_for (OpenMP in PyTorch's builds; it follows torch.set_num_threads) and claims
-// chunks from a shared counter, so a thread that starts late (another process holds its core)
-// leaves its chunks to the others instead of stalling the op. Each output row is written by
-// exactly one thread and its sum does not depend on which one, so the result is deterministic.
-// Small products (below MIN_PARALLEL_WORK) run inline: waking the pool costs more than they do.
+// CPU kernel of the spmm op (schema: spmm.cpp), the twin of the block-adaptive CUDA SpMM: a CSR
+// row kernel with the GCN/DGL scaling fused in, rows in parallel with balanced work
+// (balanced_rows.h). Each output row is written by exactly one thread and its sum does not depend
+// on which one, so the result is deterministic.
 //
 // float32 (the training path) has register kernels: the feature columns are cut into blocks of
 // W = 64, 32, 16 and one of 1..15 columns, and each block of a row is summed over the row's
-// non-zeros in accumulators that the compiler keeps in vector registers (the previous kernel kept
-// a heap row of F accumulators and went through memory for every non-zero and feature). A block
+// non-zeros in accumulators that the compiler keeps in vector registers, never going through
+// memory per non-zero and feature. A block
 // whose width is not a multiple of the vector length ends with a vector that overlaps the one
 // before it (W = 10: columns 0-7 and 2-9), which computes the shared columns twice, identically.
 // For W <= 16 a row's non-zeros are split over U interleaved partial sums (U = 4 for W <= 8, 2
@@ -20,13 +15,14 @@
 // build's baseline ISA (SSE2 on x86-64: torch's extension flags give no -march; 4-float vectors)
 // and, on x86-64, for AVX2+FMA through the target attribute (8-float vectors), picked once at run
 // time with __builtin_cpu_supports, so the build stays portable and its cache key needs no CPU
-// model. Measured on the 2-core AMD EPYC (Zen 3) machine, one thread, F = 2 / 10 / 64 on tolokers
-// (1.05M non-zeros): 3.7 / 4.8 / 17 ms before, 1.2 / 1.8 / 5.1 ms now (SSE2 build: 1.2 / 2.2 /
-// 7.7 ms). The other dtypes (double, half, bfloat16) keep the generic kernel: a runtime-width axpy
+// model. On a 2-core AMD EPYC (Zen 3), one thread, F = 2 / 10 / 64 on tolokers (1.05M non-zeros)
+// this takes 1.2 / 1.8 / 5.1 ms against 3.7 / 4.8 / 17 ms for a heap row of F accumulators
+// (SSE2 build: 1.2 / 2.2 / 7.7 ms; docs/results.md). The other dtypes (double, half, bfloat16) keep the generic kernel: a runtime-width axpy
 // per non-zero into an accumulator row. Accumulation is in at::opmath_type (float for
 // half/bfloat16, the input type otherwise).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -35,49 +31,12 @@
 #include <utility>
 #include <vector>
 
-#include "../spmm.h"
+#include "../common.h"
+#include "balanced_rows.h"
 #include "x86_multiversion.h"
 
 namespace fgplugin {
 namespace {
-
-// Below this much work (non-zeros + rows) one thread does the whole product.
-constexpr int64_t MIN_PARALLEL_WORK = 1 << 15;
-// Chunks per thread: enough that a late thread's share can be taken over, few enough that the
-// shared counter is not contended.
-constexpr int64_t CHUNKS_PER_THREAD = 16;
-
-// First row r with rowptr[r] + r >= target: chunk boundaries that balance non-zeros plus rows.
-template <typename index_t>
-int64_t row_at_work(const index_t* rowptr, int64_t n_rows, int64_t target) {
-  int64_t lo = 0, hi = n_rows;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (static_cast<int64_t>(rowptr[mid]) + mid < target) lo = mid + 1; else hi = mid;
-  }
-  return lo;
-}
-
-// Calls body(row_begin, row_end) over disjoint row ranges that cover [0, n_rows).
-template <typename index_t, typename F>
-void parallel_over_balanced_rows(const index_t* rowptr, int64_t n_rows, F&& body) {
-  const int64_t work = static_cast<int64_t>(rowptr[n_rows]) + n_rows;
-  const int64_t n_threads = std::min<int64_t>(at::get_num_threads(), work / MIN_PARALLEL_WORK);
-  if (n_threads <= 1 || at::in_parallel_region()) {
-    body(int64_t(0), n_rows);
-    return;
-  }
-  const int64_t n_chunks = std::max<int64_t>(1, std::min<int64_t>(n_rows, CHUNKS_PER_THREAD * n_threads));
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, n_threads, 1, [&](int64_t, int64_t) {
-    for (int64_t chunk = next.fetch_add(1, std::memory_order_relaxed); chunk < n_chunks;
-         chunk = next.fetch_add(1, std::memory_order_relaxed)) {
-      const int64_t row_begin = row_at_work(rowptr, n_rows, work * chunk / n_chunks);
-      const int64_t row_end = chunk + 1 == n_chunks ? n_rows : row_at_work(rowptr, n_rows, work * (chunk + 1) / n_chunks);
-      if (row_begin < row_end) body(row_begin, row_end);
-    }
-  });
-}
 
 // ------------------------------------------------------------------ float32 register kernels
 template <typename index_t>
@@ -301,31 +260,13 @@ void spmm_rows(const index_t* rowptr, const index_t* col, const at::opmath_type<
   });
 }
 
-template <typename scalar_t, typename index_t>
-void sddmm_rows(const index_t* rowptr, const index_t* col, const scalar_t* a, const scalar_t* b,
-                at::opmath_type<scalar_t>* out, int64_t n_rows, int64_t F) {
-  using acc_t = at::opmath_type<scalar_t>;
-  parallel_over_balanced_rows(rowptr, n_rows, [&](int64_t row_begin, int64_t row_end) {
-    for (int64_t i = row_begin; i < row_end; ++i) {
-      const scalar_t* ai = a + i * F;
-      for (int64_t e = rowptr[i]; e < static_cast<int64_t>(rowptr[i + 1]); ++e) {
-        const scalar_t* bj = b + static_cast<int64_t>(col[e]) * F;
-        acc_t dot = 0;
-        for (int64_t f = 0; f < F; ++f) dot += static_cast<acc_t>(ai[f]) * static_cast<acc_t>(bj[f]);
-        out[e] = dot;
-      }
-    }
-  });
-}
-
-}  // namespace
-
 at::Tensor spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const std::optional<at::Tensor>& values,
                     const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
                     const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag,
+                    const std::optional<at::Tensor>& /*plan*/, at::IntArrayRef /*plan_layout*/,
                     const std::optional<at::Tensor>& /*t_rowptr*/, const std::optional<at::Tensor>& /*t_col*/,
-                    const std::optional<at::Tensor>& /*t_values*/, at::TensorList /*plan*/,
-                    at::TensorList /*t_plan*/) {
+                    const std::optional<at::Tensor>& /*t_values*/, const std::optional<at::Tensor>& /*t_plan*/,
+                    at::IntArrayRef /*t_plan_layout*/) {
   const SpmmArgs a = prepare_spmm(rowptr, col, values, x, row_scale, col_scale, diag);
   at::Tensor out = at::empty({a.n_rows, a.x.size(1)}, a.x.options());
   if (out.numel() == 0) return out;
@@ -353,18 +294,9 @@ at::Tensor spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const std::
   return out;
 }
 
-at::Tensor sddmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a_in, const at::Tensor& b_in) {
-  const SddmmArgs a = prepare_sddmm(rowptr, col, a_in, b_in);
-  at::Tensor out = at::empty({a.col.numel()}, a.a.options().dtype(aux_dtype_for(a.a.scalar_type())));
-  if (out.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.a.scalar_type(), "fgplugin_sddmm_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    AT_DISPATCH_INDEX_TYPES(a.rowptr.scalar_type(), "fgplugin_sddmm_cpu_index", [&] {
-      sddmm_rows<scalar_t, index_t>(a.rowptr.data_ptr<index_t>(), a.col.data_ptr<index_t>(), a.a.data_ptr<scalar_t>(),
-                                    a.b.data_ptr<scalar_t>(), out.data_ptr<acc_t>(), a.n_rows, a.a.size(1));
-    });
-  });
-  return out;
-}
-
+}  // namespace
 }  // namespace fgplugin
+
+TORCH_LIBRARY_IMPL(fgplugin, CPU, m) {
+  m.impl("spmm", &fgplugin::spmm_cpu);
+}

@@ -1,45 +1,75 @@
-// Checks of the block-adaptive kernel plan against the op's arguments (format in
-// block_adaptive_spmm.cuh). Kept out of the .cu file so that errors are thrown from C++ frames only.
+// Checks of the block-adaptive kernel plan (buffer + layout, format in block_adaptive_spmm.cuh)
+// against the op's arguments. Host-side only (no device reads), and kept out of the .cu files so
+// that errors are thrown from C++ frames only. The plan's contents are trusted: fgplugin builds
+// plans on the device from a validated adjacency (fgplugin/kernel_plan.py) and never reads them
+// from disk.
 #include "block_adaptive_spmm.cuh"
 
 namespace fgplugin {
+namespace {
 
-void check_block_plan(const SpmmArgs& a, at::TensorList plan) {
-  TORCH_CHECK(plan.size() == static_cast<size_t>(kPlanLength) && plan[0].numel() == 4,
-              "fgplugin.spmm: kernel plan has ", num(static_cast<int64_t>(plan.size())), " tensors, expected ",
-              num(kPlanLength), " (plan format ", num(kPlanVersion), "); rebuild it with the installed fgplugin.kernel_plan");
+const char* const kSectionNames[kPlanSections] = {
+    "dblock_ptr", "dwork", "dstage", "dtile_bits", "dtile_roff", "dense_eid", "rem_col", "rem_eid",
+    "item_ptr", "item_row", "item_slot", "split_row", "split_ptr", "slot_row", "dtile_frag", "dpanel_dense"};
+
+// Expected dtype of each section; the index sections take the adjacency's (int32 or int64).
+at::ScalarType section_dtype(int s, at::ScalarType index) {
+  switch (s) {
+    case 4: case 5: case 11:
+      return at::kLong;
+    case 6: case 7: case 8: case 9:
+      return index;
+    default:
+      return at::kInt;
+  }
+}
+
+}  // namespace
+
+void check_block_plan(const SpmmArgs& a, const at::Tensor& buffer, at::IntArrayRef layout) {
+  const std::string rebuild = "; rebuild it with the installed fgplugin (fgplugin.spmm does this for you)";
+  TORCH_CHECK(layout.size() == static_cast<size_t>(kPlanHeader + 3 * kPlanSections) && layout[0] == kPlanVersion &&
+                  layout[3] == kPlanSections,
+              "fgplugin.spmm: the kernel plan's layout has " + num(static_cast<int64_t>(layout.size())) +
+                  " entries and version " + num(layout.empty() ? -1 : layout[0]) + ", expected " +
+                  num(kPlanHeader + 3 * kPlanSections) + " entries of plan format " + num(kPlanVersion) + rebuild);
+  TORCH_CHECK(buffer.scalar_type() == at::kByte && buffer.dim() == 1 && buffer.is_contiguous() &&
+                  buffer.device() == a.x.device(),
+              "fgplugin.spmm: the kernel plan must be a contiguous 1-D uint8 buffer on ", a.x.device(), ", got ",
+              buffer.scalar_type(), " of shape ", dims(buffer.sizes()), " on ", buffer.device());
   TORCH_CHECK(a.x.scalar_type() == at::kFloat || a.x.scalar_type() == at::kHalf || a.x.scalar_type() == at::kBFloat16,
               "fgplugin.spmm: the block-adaptive kernel takes float, half or bfloat16 x, got ", a.x.scalar_type());
   TORCH_CHECK(a.x.size(1) <= block_adaptive_max_features(a.x.scalar_type()), "fgplugin.spmm: F=", num(a.x.size(1)),
               " is too wide for the block-adaptive kernel; split the features into chunks of at most ",
               num(block_adaptive_max_features(a.x.scalar_type())));
-  const auto& [meta, dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
-               item_row, item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense] = BlockPlan(plan);
-  const int64_t n_rows = a.n_rows, n_items = item_row.numel(), n_split = split_row.numel();
+  const int64_t bytes = buffer.numel();
+  int64_t numel[kPlanSections];
+  for (int s = 0; s < kPlanSections; ++s) {
+    const int64_t offset = layout[kPlanHeader + 3 * s], n = layout[kPlanHeader + 3 * s + 1];
+    const int64_t code = layout[kPlanHeader + 3 * s + 2];
+    const at::ScalarType expected = section_dtype(s, a.rowptr.scalar_type());
+    TORCH_CHECK(code == static_cast<int64_t>(expected),
+                std::string("fgplugin.spmm: kernel plan section ") + kSectionNames[s] + " has dtype code " + num(code) +
+                    ", expected " + num(static_cast<int64_t>(expected)) + " (" + c10::toString(expected) + ")" +
+                    rebuild);
+    const int64_t size = static_cast<int64_t>(c10::elementSize(expected));
+    TORCH_CHECK(offset >= 0 && offset % 16 == 0 && n >= 0 && n <= (bytes - offset) / size && offset <= bytes,
+                std::string("fgplugin.spmm: kernel plan section ") + kSectionNames[s] + " (offset " + num(offset) +
+                    ", " + num(n) + " entries) does not fit the plan's " + num(bytes) + " bytes" + rebuild);
+    numel[s] = n;
+  }
+  const int64_t n_rows = a.n_rows, n_items = numel[9], n_split = numel[11];
   const int64_t n_panels = (n_rows + 31) / 32;
-  TORCH_CHECK(dblock_ptr.numel() == (n_panels + kBlockPanels - 1) / kBlockPanels + 1 &&
-                  dpanel_dense.numel() == n_panels && item_ptr.numel() == n_items + 1 &&
-                  item_slot.numel() == n_items && n_items >= n_rows && dstage.numel() % 4 == 0 &&
-                  dtile_frag.numel() == dtile_bits.numel() && split_ptr.numel() == n_split + 1,
-              "fgplugin.spmm: the kernel plan does not match this adjacency (", num(n_rows),
-              " rows); rebuild it with fgplugin.kernel_plan.kernel_plans");
-  TORCH_CHECK(dblock_ptr.scalar_type() == at::kInt && dwork.scalar_type() == at::kInt &&
-                  dstage.scalar_type() == at::kInt && dtile_bits.scalar_type() == at::kInt &&
-                  dtile_frag.scalar_type() == at::kInt && dpanel_dense.scalar_type() == at::kInt &&
-                  item_slot.scalar_type() == at::kInt && split_ptr.scalar_type() == at::kInt &&
-                  split_row.scalar_type() == at::kLong && rem_col.scalar_type() == a.rowptr.scalar_type() &&
-                  item_ptr.scalar_type() == a.rowptr.scalar_type() && item_row.scalar_type() == a.rowptr.scalar_type(),
-              "fgplugin.spmm: kernel plan dtypes do not match (plan format ", num(kPlanVersion), ")");
+  TORCH_CHECK(numel[0] == (n_panels + kBlockPanels - 1) / kBlockPanels + 1 && numel[15] == n_panels &&
+                  numel[8] == n_items + 1 && numel[10] == n_items && n_items >= n_rows && numel[2] % 4 == 0 &&
+                  numel[14] == numel[3] && numel[3] % 32 == 0 && numel[12] == n_split + 1 &&
+                  numel[6] <= a.col.numel(),
+              "fgplugin.spmm: the kernel plan does not match this adjacency (" + num(n_rows) + " rows, " +
+                  num(a.col.numel()) + " non-zeros)" + rebuild);
   if (a.values.has_value()) {
-    TORCH_CHECK(rem_eid.numel() == rem_col.numel() && dtile_roff.numel() == dtile_bits.numel() &&
-                    dtile_roff.scalar_type() == at::kLong && dense_eid.scalar_type() == at::kLong &&
-                    rem_eid.scalar_type() == a.rowptr.scalar_type(),
+    TORCH_CHECK(layout[1] == 1 && numel[7] == numel[6] && numel[4] == numel[3],
                 "fgplugin.spmm: this kernel plan was built for unit weights but edge values were given; "
                 "build it with weighted=True (fgplugin.spmm does this for you)");
-  }
-  for (const auto& t : plan) {
-    TORCH_CHECK(t.device() == a.x.device() && t.is_contiguous(), "fgplugin.spmm: kernel plan tensors must be "
-                "contiguous and on ", a.x.device());
   }
 }
 

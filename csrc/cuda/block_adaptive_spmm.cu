@@ -1,4 +1,4 @@
-// Block-adaptive SpMM (issue 3): out = diag(r) (A + diag(d)) diag(c) x over a plan built by
+// Block-adaptive SpMM: out = diag(r) (A + diag(d)) diag(c) x over a plan built by
 // fgplugin/kernel_plan.py (format in block_adaptive_spmm.cuh). Three launches on the current stream,
 // no atomics, so results are bitwise deterministic:
 //
@@ -19,11 +19,10 @@
 //      bf16 / fp16: m16n8k16 with B fragments by ldmatrix.trans, fp32 accumulation. With unit
 //        weights the A fragments come from dtile_frag too: X's 32 rows are staged in a k order
 //        (k_row) under which the m16n8k8 bits of a lane are its m16n8k16 A values, and the column
-//        scales go on B. Before, each A value was built from the row bitmaps and its column scale
-//        (H100, bf16 dense kernel: proteins-like 0.669 -> 0.601 ms, reddit-like 0.772 -> 0.723,
-//        products-like at 0.05 1.735 -> 1.652; benchmarks/results/h100/dense16_frag.json). Warp w
-//        builds panel w's A fragments once per stage into shared memory for all four warps
-//        (0.601 -> 0.555 ms, 0.722 -> 0.69, 1.657 -> 1.622).
+//        scales go on B, which beat building each A value from the row bitmaps and its column
+//        scale (H100, bf16 dense kernel: proteins-like 0.601 against 0.669 ms, reddit-like 0.723
+//        against 0.772; benchmarks/results/h100/dense16_frag.json). Warp w builds panel w's A
+//        fragments once per stage into shared memory for all four warps (0.555 and 0.69 ms).
 //    It writes the raw dense partial (no scales) of the block's panels with tiles into out (in x's
 //    dtype). On sm_90a, unit-weight plans run ba_dense_sm90_kernel (dense_tiles_sm90.cu) instead:
 //    the same work split and output on warpgroup MMAs (wgmma); this kernel serves sm_80 and
@@ -37,7 +36,7 @@
 //    order. A single-item row is finished in place: + diag term + dense partial (read back from
 //    out), times the row scale. Items of split rows write fp32 partials instead. The pass is bound
 //    by L2 throughput (ncu, reddit-like at 0.05: 93%, L1 hit rate 6%) and, where gathers miss the
-//    L2, by DRAM (products-like before communities were grouped: 78%, 25 GB read for a 1.25 GB x);
+//    L2, by DRAM (products-like with ungrouped communities: 78%, 25 GB read for a 1.25 GB x);
 //    feature chunks that keep x's slice in the L2 raised its hit rate from 54% to 84% but made it
 //    slower (sparse_variants.json), and staging a segment's reused rows in shared memory made it
 //    1.3-1.8x slower (half the resident warps; staging_ab.json). When one group covers F (L < 32) and the items are short
@@ -45,7 +44,7 @@
 // 3. ba_combine_kernel: one warp per split row sums its partials in slot order and finishes it.
 //
 // Host code here only launches and reports errors as cudaError_t; the plan and arguments are
-// checked before, in C++ (block_adaptive_plan.cpp; see spmm.h for why).
+// checked before, in C++ (block_adaptive_plan.cpp; see common.h for why).
 //
 // Limits: tile size 32 only (kernel_plan.py maps other tile sizes onto 32x32 bitmaps); x float,
 // half or bfloat16 (float64 stays on the plain CSR kernel); F < 65536 * 64; non-finite values in x
@@ -757,7 +756,7 @@ bool sparse_grouped(int64_t rem_nnz, int64_t n_items) {
 }
 
 template <typename T>
-const T* ptr_or_null(const at::Tensor& t) {
+const T* ptr_or_null(const PlanArray& t) {
   return t.numel() ? t.data_ptr<T>() : nullptr;
 }
 
@@ -776,10 +775,10 @@ cudaError_t launch_dense(const DenseParams<scalar_t>& p, int64_t n_work, cudaStr
 }
 
 template <typename scalar_t, typename index_t>
-cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, const at::Tensor& partial,
+cudaError_t run(const SpmmArgs& a, const BlockPlan& plan, const at::Tensor& out, const at::Tensor& partial,
                 bool tf32) {
-  const auto& [meta, dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr,
-               item_row, item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense] = BlockPlan(plan);
+  const auto& [dblock_ptr, dwork, dstage, dtile_bits, dtile_roff, dense_eid, rem_col, rem_eid, item_ptr, item_row,
+               item_slot, split_row, split_ptr, slot_row, dtile_frag, dpanel_dense] = plan;
 
   const int64_t n_rows = a.n_rows, n_cols = a.x.size(0), F = a.x.size(1);
   const int64_t n_items = item_row.numel(), n_split = split_row.numel();
@@ -872,7 +871,7 @@ cudaError_t run(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, c
 }
 
 template <typename scalar_t>
-cudaError_t run_index(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out, const at::Tensor& partial,
+cudaError_t run_index(const SpmmArgs& a, const BlockPlan& plan, const at::Tensor& out, const at::Tensor& partial,
                       bool tf32) {
   if (a.rowptr.scalar_type() == at::kInt) return run<scalar_t, int32_t>(a, plan, out, partial, tf32);
   return run<scalar_t, int64_t>(a, plan, out, partial, tf32);
@@ -884,7 +883,7 @@ int64_t block_adaptive_max_features(at::ScalarType dtype) {
   return 65535 * (dtype == at::kFloat ? DenseCfg<float, false>::FC : DenseCfg<at::Half, false>::FC);
 }
 
-cudaError_t launch_block_adaptive_spmm(const SpmmArgs& a, at::TensorList plan, const at::Tensor& out,
+cudaError_t launch_block_adaptive_spmm(const SpmmArgs& a, const BlockPlan& plan, const at::Tensor& out,
                                        const at::Tensor& partial, bool tf32) {
   switch (a.x.scalar_type()) {
     case at::kFloat:

@@ -32,12 +32,11 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <atomic>
-#include <cstring>
 #include <mutex>
 #include <type_traits>
 
+#include "../dense_kernel.h"
 #include "dense_tiles.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -379,8 +378,7 @@ constexpr int kMaxDevices = 64;
 }  // namespace
 
 bool dense_sm90_usable(cudaStream_t stream) {
-  const char* off = std::getenv("FGPLUGIN_NO_WGMMA");
-  if (off != nullptr && std::strcmp(off, "1") == 0) return false;
+  if (!wgmma_enabled()) return false;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
   // Per device: 0 not probed yet, 1 no, 2 yes. Read without the lock on every launch once known;

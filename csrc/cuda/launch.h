@@ -1,13 +1,20 @@
-// Launchers of the simple CSR kernels (spmm_cuda.cu), of nonzero_rows (nonzero_rows.cu) and of
-// pad_columns (pad_columns.cu). They run on the current stream, never throw,
-// and return the launch's cudaError_t; arguments are checked before (spmm.h).
+// Launchers of the simple CSR spmm kernel (spmm_csr.cu), of sddmm (sddmm.cu), nonzero_rows
+// (nonzero_rows.cu) and pad_columns (pad_columns.cu). They run on the current stream, never throw,
+// and return the launch's cudaError_t; arguments are checked before (common.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include "../spmm.h"
+#include "../common.h"
 
 namespace fgplugin {
+
+// Warps per block of the one-warp-per-row kernels (spmm_csr.cu, sddmm.cu).
+constexpr int kWarpsPerBlock = 8;
+
+inline unsigned blocks_for_rows(int64_t n_rows) {
+  return static_cast<unsigned>((n_rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
 
 cudaError_t launch_spmm_csr(const SpmmArgs& a, const at::Tensor& out);
 cudaError_t launch_sddmm_csr(const SddmmArgs& a, const at::Tensor& out);

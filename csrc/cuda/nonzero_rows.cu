@@ -1,7 +1,7 @@
 // The nonzero_rows op's kernel: which rows of a 2-D tensor hold any entry that is not zero (NaN
 // counts), for the backward product that skips the zero rows of its output gradient
 // (fgplugin/grad_rows.py). Host code here only launches: no exceptions (checks in
-// spmm_cuda_ops.cpp).
+// nonzero_rows_cuda.cpp).
 //
 // Why a kernel: torch's `any(dim=1)` on a [2.45M, 48] fp32 gradient took about 0.7 ms on the H100
 // (products-like, a 470 MB read: 0.7 TB/s), a third of the product it decides about. A value is

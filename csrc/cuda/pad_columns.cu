@@ -1,10 +1,10 @@
 // The pad_columns op's kernel: out = [x, 0] with zero columns up to `width`, for the backward
 // pass of a product cut back to fewer columns than the SpMM computed (fgplugin/ops.py,
-// _CutColumns). Host code here only launches: no exceptions (checks in spmm_cuda_ops.cpp).
+// _CutColumns). Host code here only launches: no exceptions (checks in pad_columns_cuda.cpp).
 //
 // Why a kernel: torch's cat([g, zeros]) of products-like's [2.45M, 47] fp32 output gradient to 48
 // columns took 0.77-0.85 ms on the H100 and F.pad 0.69 ms, against 0.34 ms for a plain copy of
-// the same bytes (benchmarks/cut_columns_probe.py): their row-by-row copies use 4-byte accesses.
+// the same bytes (docs/results.md): their row-by-row copies use 4-byte accesses.
 // Here each thread writes one 16-byte vector of the output (the rows are whole vectors: `width`
 // is a multiple of the vector length) from element loads of the input row, which consecutive
 // threads read consecutively.

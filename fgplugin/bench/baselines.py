@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 IMPLS = ("fgplugin", "dgl", "dgl-path", "cusparse-cached", "pyg-edge_index", "pyg-adj_t")
-# fgplugin variants (BENCHMARKS.md: fgplugin plus a suffix): fgplugin.dgl.GraphConv on the DGL graph, which keeps
+# fgplugin variants (fgplugin plus a suffix): fgplugin.dgl.GraphConv on the DGL graph, which keeps
 # DGL's order of operations (aggregate first when in_feats <= out_feats), so it pairs with `dgl`; fgplugin
 # without the input cache and zero-row skipping (run_one switches them off) and with torch's dropout; and
 # fgplugin with torch's dropout only.
@@ -241,6 +241,18 @@ def _build_pyg_convs(weights: Weights, cls):
             for w, b in ((weights.w1, weights.b1), (weights.w2, weights.b2))]
 
 
+def unavailable(impl: str, device) -> str | None:
+    """Why ``impl`` cannot run on ``device`` here (its framework is missing or cannot run there),
+    or ``None`` when it can; imports the framework to find out."""
+    try:
+        _import(impl, torch.device(device))
+    except ImplUnavailable as err:
+        return str(err)
+    except ImportError as err:
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+    return None
+
+
 def _import(impl: str, device: torch.device) -> None:
     if impl not in IMPLS + VARIANTS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS + VARIANTS)}")
@@ -262,10 +274,9 @@ def fgplugin_adjacency(edge_index: torch.Tensor, num_nodes: int, perm: torch.Ten
     density threshold per graph; 0.05 off CUDA), with its CUDA kernel plans built here, so the
     probe and the plans count as preprocessing rather than hiding in the warm-up steps."""
     from fgplugin import TiledAdjacency
-    from fgplugin.kernel_plan import prepare_plans
 
     adj = TiledAdjacency.from_edge_index(edge_index, num_nodes, perm=perm, threshold="auto")
-    prepare_plans(adj)
+    adj.prepare()
     return adj
 
 

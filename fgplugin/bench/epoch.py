@@ -1,6 +1,10 @@
-"""The ``epoch`` suite (BENCHMARKS.md): a 2-layer GCN's full-batch training step, every baseline,
-on the original order and on fgplugin's reordered graph; and accuracy parity on the labelled
-real graphs.
+"""The ``epoch`` suite: a 2-layer GCN's full-batch training step, every baseline, on the original
+order and on fgplugin's reordered graph; accuracy parity on labelled graphs (the ``accuracy``
+suite); and the cost and gain of each ordering (the ``reorder`` suite). See docs/benchmarks.md for
+the method.
+
+Graphs: the synthetic presets of :data:`fgplugin.datasets.SUITE` (generated, no files needed) or
+real ``.npz`` graphs by name (looked up in ``$FGPLUGIN_DATA_DIR``) or path.
 
 Per (graph, order, impl) it records:
 
@@ -32,31 +36,47 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import fgplugin
 from fgplugin import grad_rows, input_cache
-from fgplugin.kernel_plan import prepare_plans
 
 from . import baselines
 from .baselines import FGPLUGIN_PYG, IMPLS, ImplUnavailable
 
-ACCURACY_GRAPHS = ("cora", "citeseer", "actor", "chameleon", "squirrel", "tolokers")
-CPU_GRAPHS = ("oklahoma97", "cornell5", "tolokers")
+ACCURACY_GRAPHS = ("cora", "citeseer", "actor", "chameleon", "squirrel", "tolokers")  # real, labelled
+CPU_GRAPHS = ("small",)  # synthetic: runs anywhere, no data files
 GPU_GRAPHS = ("reddit-like", "products-like")
 HIDDEN = {"reddit-like": 128, "proteins-like": 128, "archaea-like": 128, "products-like": 64}
 SYNTHETIC_FEATURES = 128  # width of the seeded random features of graphs stored without x
 
 
-def default_impls(device) -> tuple:
-    """Every baseline (rows that cannot run say why), ``fgplugin-kernels``, ``fgplugin-dgl`` where
-    DGL runs, and on CPU ``fgplugin-torch-dropout`` (on GPUs fgplugin's dropout is torch's)."""
-    variants = ("fgplugin-kernels",)
-    try:
-        baselines.require_dgl(torch.device(device))
-        variants += ("fgplugin-dgl",)
-    except ImplUnavailable:
-        pass
+def candidate_impls(device) -> tuple:
+    """Every baseline, ``fgplugin-kernels``, ``fgplugin-dgl`` and on CPU ``fgplugin-torch-dropout``
+    (on GPUs fgplugin's dropout is torch's): what :func:`default_impls` picks from."""
+    variants = ("fgplugin-kernels", "fgplugin-dgl")
     if torch.device(device).type == "cpu":
         variants += ("fgplugin-torch-dropout",)
     return IMPLS + variants
+
+
+def impl_availability(impls, device) -> tuple[tuple, dict]:
+    """``(those of impls that can run on device, {reason: [impls left out for it]})``."""
+    runnable, left_out = [], {}
+    for impl in impls:
+        why = baselines.unavailable(impl, device)
+        if why is None:
+            runnable.append(impl)
+        else:
+            left_out.setdefault(why, []).append(impl)
+    return tuple(runnable), left_out
+
+
+def default_impls(device, left_out: dict | None = None) -> tuple:
+    """Those of :func:`candidate_impls` that can run here (their framework installed and able to
+    run on ``device``); ``left_out``, when given, receives ``{reason: [impls]}`` of the others."""
+    runnable, missing = impl_availability(candidate_impls(device), device)
+    if left_out is not None:
+        left_out.update(missing)
+    return runnable
 
 
 @dataclass
@@ -82,9 +102,9 @@ class Problem:
 
 
 def load(name: str, device, seed: int = 0) -> Problem:
-    """A synthetic preset of ``fgplugin.datasets.SUITE`` (generated on ``device``) or a shared
-    ``.npz`` graph (name or path); seeded random features where the file has none, a seeded
-    10/10/80 train/val/test split where it has no split."""
+    """A synthetic preset of ``fgplugin.datasets.SUITE`` (generated on ``device``) or a real
+    ``.npz`` graph (name in ``$FGPLUGIN_DATA_DIR``, or path); seeded random features where the file
+    has none, a seeded 10/10/80 train/val/test split where it has no split."""
     from fgplugin.datasets import SUITE, community_graph, load_npz
 
     device = torch.device(device)
@@ -136,6 +156,12 @@ def reordered(problem: Problem, method: str, seed: int = 0, parts: int = 1) -> P
     return replace(problem, order=order, edge_index=edge_index, x=problem.x[perm], y=problem.y[perm],
                    train_mask=problem.train_mask[perm], test_mask=problem.test_mask[perm], reorder_s=reorder_s,
                    adj=adj, plan_s=plan_s)
+
+
+def reordered_as(problem: Problem, order: str, seed: int = 0) -> Problem:
+    """:func:`reordered` by order name: ``<method>`` or ``<method>-blockwise<parts>``."""
+    method, _, parts = order.partition("-blockwise")
+    return reordered(problem, method, seed, int(parts) if parts else 1)
 
 
 def _sync(device):
@@ -199,7 +225,7 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
               "hidden": hidden, "precision": "fp32", "nodes": problem.num_nodes, "nnz": problem.edge_index.shape[1]}
     model = graph = error = None
     shortcuts = impl != "fgplugin-kernels"
-    cache_was, skip_was = input_cache.set_input_cache(shortcuts), grad_rows.set_row_skipping(shortcuts)
+    cache_was, skip_was = fgplugin.set_input_cache(shortcuts), fgplugin.set_row_skipping(shortcuts)
     built_before = grad_rows.total_build_s()
     try:
         weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, device)
@@ -208,7 +234,7 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
         if impl in FGPLUGIN_PYG:
             if adj is not None:
                 setup_s += problem.plan_s  # the tile plan was built with the reordering
-            common["threshold"] = prepare_plans(graph)  # cached: the probe's choice (None off CUDA)
+            common["threshold"] = graph.prepare()  # cached: the probe's choice (None off CUDA)
         torch.manual_seed(seed)
         times, peak = time_steps(model, graph, problem, epochs, warmup)
         rows_s = grad_rows.total_build_s() - built_before  # built in the warm-up steps
@@ -216,8 +242,8 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
     except Exception as err:  # noqa: BLE001 - a failed row keeps its place
         error = _error_text(err)  # leaving the block drops the traceback and the tensors it holds
     finally:
-        input_cache.set_input_cache(cache_was)
-        grad_rows.set_row_skipping(skip_was)
+        fgplugin.set_input_cache(cache_was)
+        fgplugin.set_row_skipping(skip_was)
     del model, graph
     _free(device)
     if error is not None:
@@ -290,7 +316,7 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
             problem = base
             if order != "original":
                 try:
-                    problem = reordered(base, order, seed)
+                    problem = reordered_as(base, order, seed)
                     log(f"[epoch] {base.name}: reorder '{order}' {problem.reorder_s:.2f} s, tile plan "
                         f"{problem.plan_s:.2f} s, dense share {_dense_share(problem.adj):.3f}")
                 except Exception as err:  # noqa: BLE001
@@ -357,17 +383,32 @@ def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugi
     rows = []
     bar = progress(len(graphs) * len(orders) * len(impls)) if progress else None
     for name in graphs:
-        base = load(name, device, 0)
+        try:
+            base = load(name, device, 0)
+        except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
+            for order in orders:
+                for impl in impls:
+                    rows.append({"graph": name, "order": order, "impl": impl, "op": "accuracy", "value": None,
+                                 "error": _error_text(err)})
+                    if bar:
+                        bar.update()
+            log(f"[accuracy] {name}: error: {_error_text(err)}")
+            continue
         problems = {"original": base}
         for order in orders:
             if order != "original":
-                problems[order] = reordered(base, order, 0)
+                try:
+                    problems[order] = reordered_as(base, order, 0)
+                except Exception as err:  # noqa: BLE001
+                    problems[order] = f"reorder failed: {_error_text(err)}"
         for order in orders:
             for impl in impls:
                 row = {"graph": base.name, "order": order, "impl": impl, "op": "accuracy", "F": base.num_features,
                        "hidden": hidden, "precision": "fp32", "epochs": epochs, "seeds": list(seeds)}
                 start = time.perf_counter()
                 try:
+                    if isinstance(problems[order], str):
+                        raise RuntimeError(problems[order])
                     values = [train_accuracy(impl, problems[order], epochs, hidden, s) for s in seeds]
                     row.update(value=statistics.mean(values), std=statistics.pstdev(values), values=values,
                                seconds=time.perf_counter() - start)
@@ -384,7 +425,7 @@ def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugi
 
 
 # ---------------------------------------------------------------- reorder suite
-SPMM_FEATURES = 128  # the F of the reorder suite's SpMM timing (BENCHMARKS.md's headline width)
+SPMM_FEATURES = 128  # the F of the reorder suite's SpMM timing (the spmm suite's headline width)
 
 
 def spmm_ms(adj, seed: int = 0, reps: int = 20, features: int = SPMM_FEATURES) -> float:
@@ -434,7 +475,18 @@ def run_reorder_suite(graphs, methods=REORDER_METHODS, epochs: int = 20, device=
     rows = []
     bar = progress(len(graphs) * (1 + len(methods))) if progress else None
     for name in graphs:
-        base = load(name, device, seed)
+        try:
+            base = load(name, device, seed)
+        except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
+            for order in ("original", *methods):
+                rows.append({"graph": name, "order": order, "impl": "fgplugin", "op": "preprocess",
+                             "ms_median": None, "error": _error_text(err)})
+                if bar:
+                    bar.update()
+            log(f"[reorder] {name}: error: {_error_text(err)}")
+            if checkpoint:
+                checkpoint(rows)
+            continue
         h = hidden or HIDDEN.get(name, 64)
         common = {"graph": base.name, "impl": "fgplugin", "F": base.num_features, "hidden": h, "precision": "fp32",
                   "nodes": base.num_nodes, "nnz": base.edge_index.shape[1]}

@@ -1,4 +1,4 @@
-"""Result files of ``fgplugin bench``: JSON in the BENCHMARKS.md schema, a markdown table, a PNG plot.
+"""Result files of ``fgplugin bench``: JSON (schema: docs/benchmarks.md), a markdown table, a PNG plot.
 
 matplotlib is imported only when a plot is drawn; without it the plot is skipped with a note.
 """
@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,16 +17,12 @@ COLUMNS = ["graph", "order", "impl", "op", "F", "hidden", "precision", "ms_media
            "peak_mem_bytes", "value", "std", "vs_fgplugin", "dense_share", "break_even_epochs", "error"]
 
 
-def commit() -> str:
-    try:
-        root = Path(__file__).resolve().parents[2]
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=root, timeout=10)
-        sha = out.stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=root, timeout=10).stdout.strip()
-        return sha + ("-dirty" if sha and dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return ""
+COMMIT_ENV = "FGPLUGIN_COMMIT"
+
+
+def commit_default() -> str | None:
+    """The results' ``commit`` when ``--commit`` is not given: ``$FGPLUGIN_COMMIT``, else ``None``."""
+    return os.environ.get(COMMIT_ENV) or None
 
 
 def device_name(device) -> str:
@@ -42,15 +37,21 @@ def device_name(device) -> str:
     return f"cpu ({os.cpu_count()} cores{', ' + model if model else ''})"
 
 
-def result(suite: str, rows: list[dict], device, argv=None, **extra) -> dict:
-    """The BENCHMARKS.md result object (plus ``threads``, ``loadavg`` and ``extra``)."""
+def result(suite: str, rows: list[dict], device, argv=None, commit: str | None = None, **extra) -> dict:
+    """The result object (docs/benchmarks.md: ``suite``, ``device``, ``torch``, ``cuda``,
+    ``commit``, ``command``, ``rows``; plus ``fgplugin_version``, ``threads``, ``loadavg`` and
+    ``extra``). ``commit`` is what the caller was told (``--commit`` / ``$FGPLUGIN_COMMIT``) or
+    ``None``."""
+    import fgplugin
+
     argv = sys.argv if argv is None else argv
     try:
         load = list(os.getloadavg())
     except OSError:
         load = None
     out = {"suite": suite, "device": device_name(device), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "commit": commit(), "command": " ".join(shlex.quote(a) for a in argv), "threads": torch.get_num_threads(),
+           "commit": commit, "fgplugin_version": fgplugin.__version__,
+           "command": " ".join(shlex.quote(a) for a in argv), "threads": torch.get_num_threads(),
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "loadavg_start": extra.pop("loadavg_start", None),
            "loadavg_end": load}
     out.update(extra)
@@ -82,8 +83,10 @@ def cell(value) -> str:
 def markdown(res: dict, summary: str = "") -> str:
     rows = res["rows"]
     columns = [c for c in COLUMNS if any(r.get(c) is not None for r in rows)]
+    where = f"commit `{res['commit']}`" if res.get("commit") else "commit not recorded"
     lines = [f"# {res['suite']} on {res['device']}", "",
-             f"torch {res['torch']}, CUDA {res.get('cuda')}, commit `{res['commit']}`, {res.get('threads')} torch "
+             f"fgplugin {res.get('fgplugin_version')}, torch {res['torch']}, CUDA {res.get('cuda')}, {where}, "
+             f"{res.get('threads')} torch "
              f"threads, load average {res.get('loadavg_start')} at start, {res.get('loadavg_end')} at end.", "",
              f"Command: `{res['command']}`", ""]
     if res.get("note"):
@@ -172,6 +175,8 @@ def draw(res: dict, path: Path, log=print) -> bool:
     if not rows:
         return False
     value = (lambda r: r.get("ms_median")) if op == "epoch" else (lambda r: r.get("value"))  # noqa: E731
+    if not any(value(r) for r in rows):
+        return False  # every row failed: nothing to draw
     graphs = list(dict.fromkeys(r["graph"] for r in rows))
     keys = list(dict.fromkeys((r["impl"], r["order"]) for r in rows))
     data = {(r["graph"], r["impl"], r["order"]): value(r) for r in rows}
@@ -210,3 +215,21 @@ def write(res: dict, out_dir, name: str | None = None, log=print, plot: bool = T
     if plot and draw(res, png, log):
         paths["png"] = png
     return paths
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """One line per failed (graph, order, impl) and reason: ``graph / order / impl [ops]: error``
+    (a row failed when it has an ``error``)."""
+    groups: dict = {}
+    for r in rows:
+        if not r.get("error"):
+            continue
+        key = (r.get("graph", "-"), r.get("order", "-"), r.get("impl", "-"), str(r["error"]))
+        ops = groups.setdefault(key, [])
+        if r.get("op") and r["op"] not in ops:
+            ops.append(r["op"])
+    lines = []
+    for (graph, order, impl, error), ops in groups.items():
+        what = f"{graph} / {order} / {impl}" + (f" ({', '.join(ops)})" if ops else "")
+        lines.append(f"{what}: {error}")
+    return lines

@@ -1,6 +1,7 @@
-"""Graphs for tests and benchmarks: the shared real ``.npz`` graphs and seeded synthetic ones."""
+"""Graphs for tests and benchmarks: real ``.npz`` graphs (from ``$FGPLUGIN_DATA_DIR`` or a given
+folder or path; schema in :mod:`fgplugin.datasets.npz`) and seeded synthetic ones."""
 from .graph import GraphData
-from .npz import ENV_VAR, list_npz, load_npz, require_shared_data, shared_data_dir
+from .npz import ENV_VAR, data_dir, list_npz, load_npz
 from .synthetic import SUITE, CommunityGraphParams, community_graph
 
 __all__ = [
@@ -10,7 +11,6 @@ __all__ = [
     "SUITE",
     "load_npz",
     "list_npz",
-    "shared_data_dir",
-    "require_shared_data",
+    "data_dir",
     "ENV_VAR",
 ]

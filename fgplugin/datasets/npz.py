@@ -1,4 +1,33 @@
-"""Loader for the shared real-graph ``.npz`` files (schema: ../shared/data/README.md)."""
+"""Loader for real graphs stored as ``.npz`` files.
+
+Bare names (``load_npz("cora")``) are looked up in the folder given as ``root=`` or, without one,
+in ``$FGPLUGIN_DATA_DIR`` (:func:`data_dir`); a path to a file works anywhere. Nothing else is
+searched: with neither set, a bare name raises ``FileNotFoundError`` saying what to set.
+
+File schema (one graph per file; every array is numeric, bool or unicode, so ``np.load`` needs no
+``allow_pickle``):
+
+- ``edge_index``: int64 ``[2, E]``, always. Row 0 = source, row 1 = target, sorted by (source,
+  target), no duplicate pairs, no self loops. Undirected graphs store both directions, so ``E``
+  counts directed entries (twice the undirected edges).
+- ``num_nodes``: int64 0-d, always: ``N``. Isolated nodes exist, so use it rather than
+  ``edge_index.max() + 1``.
+- ``undirected``: bool 0-d, always: True when ``edge_index`` is symmetric.
+- ``x``: float32 ``[N, F]``, dense node features; or, instead of ``x``, CSR features
+  ``x_indptr`` (int64 ``[N + 1]``), ``x_indices`` (int64 ``[nnz]``), ``x_data`` (float32
+  ``[nnz]``) and ``x_shape`` (int64 ``[2]`` = ``(N, F)``), as in
+  ``scipy.sparse.csr_matrix((x_data, x_indices, x_indptr), shape=tuple(x_shape))``; neither for
+  structure-only graphs.
+- ``y``: int64 ``[N]`` when labelled: class index ``0 .. C-1``, ``-1`` = unlabelled (leave those
+  nodes out of the loss and the metrics).
+- ``train_mask``, ``val_mask``, ``test_mask``: bool ``[N]``, where the source has a fixed split;
+  disjoint, labelled nodes only.
+- ``source``: unicode strings ``[k]``, always: provenance lines (name, origin, licence,
+  preprocessing notes).
+
+:func:`load_npz` checks the keys and shapes above and names the file and this schema when one is
+off.
+"""
 from __future__ import annotations
 
 import os
@@ -9,61 +38,33 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import config
 from .graph import GraphData
 
 ENV_VAR = "FGPLUGIN_DATA_DIR"
 _CSR_KEYS = ("x_indptr", "x_indices", "x_data", "x_shape")
 _MASK_KEYS = ("train_mask", "val_mask", "test_mask")
 _FEATURE_MODES = ("auto", "dense", "sparse", None)
+SCHEMA = "the .npz schema in the docstring of fgplugin.datasets.npz"
 
 
-def shared_data_dir() -> Path | None:
-    """The folder of the shared ``.npz`` graphs, or ``None`` when it cannot be found.
+def data_dir() -> Path | None:
+    """``Path($FGPLUGIN_DATA_DIR)``, the folder of the ``.npz`` graphs that bare names refer to,
+    or ``None`` when the variable is unset or empty.
 
-    ``$FGPLUGIN_DATA_DIR`` wins when set (returned as given, even if wrong, so a bad setting shows
-    up as an error instead of silently falling back). Otherwise walk up from the working directory
-    and from this file, trying ``<dir>/../shared/data`` and ``<dir>/shared/data``; the first one
-    holding a ``README.md`` and ``*.npz`` files is it.
+    Returned as given, even if it does not exist, so that a wrong setting shows up as an error
+    naming it instead of silently finding nothing.
     """
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return Path(env).expanduser()
-    for start in (Path.cwd(), Path(__file__).resolve().parent):
-        for d in (start, *start.parents):
-            for candidate in (d.parent / "shared" / "data", d / "shared" / "data"):
-                if _is_data_dir(candidate):
-                    return candidate
-    return None
+    return config.data_dir()  # fgplugin.config reads every environment setting
 
 
 def list_npz(root: str | os.PathLike | None = None) -> list[str]:
     """Sorted names (file stems, e.g. ``"cora"``) of the ``.npz`` graphs in ``root`` or
-    :func:`shared_data_dir`; empty when there is no such folder."""
-    folder = Path(root) if root is not None else shared_data_dir()
+    :func:`data_dir`; empty when there is no such folder."""
+    folder = Path(root).expanduser() if root is not None else data_dir()
     if folder is None or not folder.is_dir():
         return []
     return sorted(p.stem for p in folder.glob("*.npz"))
-
-
-def require_shared_data() -> Path:
-    """For tests needing the real graphs: the data folder, else skip (locally) or fail (CI).
-
-    In CI (``$CI`` is ``true``) a missing ``../shared/data`` is a broken checkout, so the test
-    fails instead of silently skipping.
-    """
-    import pytest
-
-    folder = shared_data_dir()
-    if folder is not None and _is_data_dir(folder):
-        return folder
-    where = f"{ENV_VAR}={folder}" if folder is not None else "../shared/data"
-    msg = (
-        f"real graph data not found ({where} is missing or holds no README.md and *.npz); "
-        f"check out ../shared/data beside the repository or set {ENV_VAR}"
-    )
-    if os.environ.get("CI", "").lower() in ("true", "1"):
-        pytest.fail(msg)
-    pytest.skip(msg)
 
 
 def load_npz(
@@ -72,15 +73,20 @@ def load_npz(
     root: str | os.PathLike | None = None,
     features: str | None = "auto",
 ) -> GraphData:
-    """Load one shared ``.npz`` graph as :class:`GraphData` (CPU tensors).
+    """Load one ``.npz`` graph (schema: the module docstring) as :class:`GraphData` (CPU tensors).
 
     Args:
         name_or_path: a path to an ``.npz`` file, or a bare name such as ``"cora"`` looked up in
-            ``root`` (default: :func:`shared_data_dir`).
+            ``root`` (default: :func:`data_dir`, i.e. ``$FGPLUGIN_DATA_DIR``).
         root: folder for bare names.
         features: ``"dense"`` (float32 [N, F]; CSR files are densified), ``"sparse"`` (CSR files
             as ``torch.sparse_csr`` float32, dense files stay dense), ``"auto"`` (as stored) or
             ``None`` (no features loaded).
+
+    Raises:
+        FileNotFoundError: no such file; or a bare name with neither ``root`` nor
+            ``$FGPLUGIN_DATA_DIR`` set.
+        ValueError: the file is not a readable archive or does not follow the schema.
 
     Returns:
         GraphData with ``num_classes = y.max() + 1`` when the file has labels and
@@ -110,21 +116,17 @@ def load_npz(
     )
 
 
-def _is_data_dir(folder: Path) -> bool:
-    return (folder / "README.md").is_file() and any(folder.glob("*.npz"))
-
-
 def _resolve(name_or_path: str | os.PathLike, root) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
     if isinstance(name_or_path, os.PathLike) or len(path.parts) > 1:
         raise FileNotFoundError(f"no such graph file: {path}.")
-    folder = Path(root).expanduser() if root is not None else shared_data_dir()
+    folder = Path(root).expanduser() if root is not None else data_dir()
     if folder is None:
         raise FileNotFoundError(
-            f"cannot find graph {str(name_or_path)!r}: no data folder given and ../shared/data "
-            f"was not found; set {ENV_VAR} to the folder holding the .npz files or pass root=."
+            f"cannot find graph {str(name_or_path)!r}: no data folder; set {ENV_VAR} to the folder "
+            f"holding the .npz files or pass root= / a path to the file."
         )
     candidate = folder / (path.name if path.suffix == ".npz" else f"{path.name}.npz")
     if not candidate.is_file():
@@ -140,7 +142,7 @@ def _resolve(name_or_path: str | os.PathLike, root) -> Path:
 def _read(path: Path) -> dict[str, np.ndarray]:
     def fail(why: str):
         return ValueError(
-            f"{path} is not a readable .npz archive ({why}); re-copy it from ../shared/data."
+            f"{path} is not a readable .npz archive ({why}); expected {SCHEMA}."
         )
 
     try:
@@ -157,9 +159,9 @@ def _read(path: Path) -> dict[str, np.ndarray]:
 
 
 def _validate(path: Path, arrays: dict) -> None:
-    """Check the keys and shapes the README schema promises, naming the file on failure."""
+    """Check the keys and shapes the schema promises, naming the file on failure."""
     def fail(what: str):
-        raise ValueError(f"{path}: {what}; expected the schema of ../shared/data/README.md.")
+        raise ValueError(f"{path}: {what}; expected {SCHEMA}.")
 
     missing = [k for k in ("edge_index", "num_nodes", "undirected", "source") if k not in arrays]
     if missing:

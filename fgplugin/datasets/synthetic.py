@@ -1,4 +1,4 @@
-r"""Seeded community graphs at the scale of the benchmark suite (../shared/docs/BENCHMARKS.md).
+r"""Seeded community graphs at the scale of the benchmark suite (see docs/benchmarks.md).
 
 The model, step by step (``p`` = a :class:`CommunityGraphParams`):
 

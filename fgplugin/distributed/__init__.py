@@ -12,15 +12,15 @@ Run under ``torchrun`` (NCCL on GPUs, gloo on CPU)::
     for epoch in range(200):
         trainer.step()
 
-See examples/distributed_gcn.py and ../shared/docs/DESIGN.md ("Distributed").
+See examples/distributed_gcn.py and docs/design.md ("Distributed").
 """
 from .context import DEFAULT_TIMEOUT_S, BlockLayout, RankFailureError, ShardingContext, init_distributed
 from .profile import Profiler
 from .sharding import ColumnBlock, ShardedGraph, dist_spmm
-from .train import DistGCN, DistributedTrainer, FullGraph, relative_error
+from .train import DistGCN, DistributedTrainer, relative_error
 
 __all__ = [
     "init_distributed", "ShardingContext", "BlockLayout", "RankFailureError", "DEFAULT_TIMEOUT_S",
-    "ShardedGraph", "ColumnBlock", "dist_spmm", "DistGCN", "DistributedTrainer", "FullGraph", "Profiler",
+    "ShardedGraph", "ColumnBlock", "dist_spmm", "DistGCN", "DistributedTrainer", "Profiler",
     "relative_error",
 ]

@@ -19,6 +19,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..config import dist_timeout_s
+
 #: Collective timeout (seconds) used by :func:`init_distributed` unless one is passed;
 #: ``FGPLUGIN_DIST_TIMEOUT`` overrides it. A dead or diverged rank surfaces as an error on the
 #: others after at most this long (gloo usually reports a dead peer at once: its socket closes).
@@ -45,7 +47,7 @@ def timeout_seconds() -> float:
             return group._get_backend(device).options._timeout.total_seconds()
         except (AttributeError, RuntimeError):  # private API moved: fall back to the configured value
             pass
-    return float(os.environ.get("FGPLUGIN_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+    return dist_timeout_s(DEFAULT_TIMEOUT_S)
 
 
 def init_distributed(backend: str | None = None, *, timeout: float | None = None) -> torch.device:

@@ -48,6 +48,7 @@ import torch.distributed as dist
 
 from .. import grad_rows
 from .._csr import aux_dtype_for
+from ..config import settings
 from ..kernel_plan import block_adaptive_available
 from ..ops import csr_product, spmm_skipping_zero_rows
 from .context import all_gather_into
@@ -112,7 +113,7 @@ class LiveRowExchange:
         live = grad_rows.nonzero_rows(grad)
         # Which kept compactions this rank's rows match (a bit each); every rank must match one.
         matches = sum(1 << i for i, kept in enumerate(self.sets.kept) if torch.equal(live, kept.live))
-        mine = torch.tensor([0, matches, int(grad_rows.row_skipping_enabled())], dtype=torch.long, device=grad.device)
+        mine = torch.tensor([0, matches, int(settings.skip_zero_rows)], dtype=torch.long, device=grad.device)
         mine[0] = live.sum()  # stays on the device: no host sync of its own
         with graph.region("comm"):
             info = _gather(mine, ctx).tolist()
@@ -237,7 +238,7 @@ def compact_product(graph, h: torch.Tensor, compaction: Compaction) -> torch.Ten
 def _remote_product(graph, compaction: Compaction, recv: torch.Tensor) -> torch.Tensor:
     rowptr, col, col_scale = compaction.remote
     plan = grad_rows.restriction_plan(compaction.plans, rowptr, col, (rowptr.numel() - 1, compaction.recv_rows),
-                                      weighted=False, block_adaptive=block_adaptive_available(recv))
+                                      weighted=False, block_adaptive=block_adaptive_available(recv.device, recv.dtype))
     aux = aux_dtype_for(recv.dtype)
     row_scale = None if graph.row_scale is None else graph.row_scale.to(aux)
     col_scale = None if col_scale is None else col_scale.to(aux)

@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from ..ops import _vector_pad, spmm, spmm_skipping_zero_rows
+from ..ops import padded_width, spmm, spmm_skipping_zero_rows
 from ..tiling import TiledAdjacency
 from .context import COMM_MODES, BlockLayout, ShardingContext, all_gather_into
 from .live_rows import LiveRowExchange, compact_product
@@ -350,9 +350,29 @@ class ShardedGraph:
     def _all_blocks(self) -> list[ColumnBlock]:
         return list(self.blocks.values()) + ([self.remote] if self.remote is not None else [])
 
-    def aggregate(self, h: torch.Tensor) -> torch.Tensor:
-        """``dist_spmm(self, h)``, so models take either this or a single-process graph."""
+    # ------------------------------------------------------------------ an aggregation (fgplugin.aggregation)
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """``dist_spmm(self, h)``: layers and models aggregate over this like over a single-device graph."""
         return dist_spmm(self, h)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """This rank's rows in and out (the aggregation's view of the sharded product)."""
+        return (self.num_rows, self.num_rows)
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device
+
+    @property
+    def key(self) -> tuple:
+        return (self,)
+
+    def vector_width(self, features: int, dtype: torch.dtype) -> int:
+        """Whole 16-byte rows of ``dtype`` and of the wire dtype: the received rows are multiplied
+        in the latter, so neither the products nor the exchange pad a copy."""
+        return max(padded_width(features, dtype, self.device),
+                   padded_width(features, self.ctx.comm_dtype or dtype, self.device))
 
     # ------------------------------------------------------------------ SpMM
     def region(self, kind: str):
@@ -562,18 +582,18 @@ class _DistSpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, graph):
         ctx.graph = graph
-        return _vector_padded(graph._forward, h, graph.ctx.comm_dtype)
+        return _vector_padded(graph, graph._forward, h)
 
     @staticmethod
     @once_differentiable  # the exchange is not recorded: a double backward must fail, not be wrong
     def backward(ctx, grad):
-        return _vector_padded(ctx.graph._backward, grad, ctx.graph.ctx.comm_dtype), None
+        return _vector_padded(ctx.graph, ctx.graph._backward, grad), None
 
 
-def _vector_padded(product, x: torch.Tensor, wire: torch.dtype | None = None) -> torch.Tensor:
-    """``product(x)``, run on ``x`` padded with zero columns to the width fgplugin.spmm pads to
-    on CUDA (whole 16-byte rows, of the wire dtype ``wire`` too: the received rows are
-    multiplied in it), and cut back.
+def _vector_padded(graph: ShardedGraph, product, x: torch.Tensor) -> torch.Tensor:
+    """``product(x)``, run on ``x`` padded with zero columns to ``graph.vector_width`` (whole
+    16-byte rows on CUDA, of the wire dtype too: the received rows are multiplied in it), and cut
+    back.
 
     Why: every spmm call would otherwise pad its own operand and cut its own output, and the
     operands here include the buffer of received rows (2.8x the own rows on products-like, 4
@@ -581,7 +601,7 @@ def _vector_padded(product, x: torch.Tensor, wire: torch.dtype | None = None) ->
     columns travel (F=47 -> 48: 2% more bytes) and every product runs on them as they are; the
     results are the same numbers."""
     x = x.contiguous()
-    pad = max(_vector_pad(x), _vector_pad(x, wire) if wire is not None else 0)
+    pad = graph.vector_width(x.shape[1], x.dtype) - x.shape[1]
     if not pad:
         return product(x)
     return product(torch.nn.functional.pad(x, (0, pad)))[:, :x.shape[1]].contiguous()

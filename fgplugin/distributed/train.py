@@ -17,33 +17,26 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .. import input_cache, parallel_dropout
-from ..ops import aggregate_padded_product, padded_width, spmm, transform_with_bias
-from ..tiling import TiledAdjacency
+from .. import parallel_dropout
+from ..aggregation import aggregate
 from .context import RankFailureError, timeout_seconds
 from .sharding import ShardedGraph
 
 _CHECKPOINT_FORMAT = 1
 
 
-class FullGraph:
-    """A whole graph on one device with a normalization: the single-process twin of
-    :class:`ShardedGraph` (``aggregate(h) = spmm(adj, h, *adj.norm(norm))``)."""
-
-    def __init__(self, adj: TiledAdjacency, norm: str = "gcn", **options):
-        self.adj = adj
-        self.scales = tuple(adj.norm(norm, **options)) if norm != "none" else (None, None, None)
-
-    def aggregate(self, h: torch.Tensor) -> torch.Tensor:
-        return spmm(self.adj, h, *self.scales)
-
-
 class DistGCN(nn.Module):
-    r"""GCN (Kipf & Welling) of ``len(dims) - 1`` layers over any graph with ``aggregate(h)``
-    (:class:`ShardedGraph` across ranks, :class:`FullGraph` in one process).
+    r"""GCN (Kipf & Welling) of ``len(dims) - 1`` layers over any aggregation
+    (fgplugin.aggregation): a :class:`ShardedGraph` across ranks, an
+    :class:`fgplugin.aggregation.Aggregation` (``Aggregation.of(adj)``) in one process.
 
-    Each layer computes :math:`\hat A H W + b`, multiplying by ``W`` first when it narrows the
-    features (less to aggregate and to send). ReLU and dropout between layers.
+    Each layer is ``aggregate(graph, h, weight=W, bias=b)``, so it multiplies by ``W`` first when
+    that narrows the features (less to aggregate and to send), and the first layer keeps its
+    constant input's aggregation from the second step on (across ranks this removes the first
+    layer's aggregations *and* their exchanges from every step; every rank decides alike while
+    their ``x`` blocks are alike in size and their devices in memory, as block-wise row blocks on
+    one kind of GPU are; a rank that decided otherwise would wait in a collective until the
+    timeout and raise :class:`RankFailureError`). ReLU and dropout between layers.
 
     Args:
         dims: feature widths, e.g. ``(in, hidden, classes)``.
@@ -64,39 +57,11 @@ class DistGCN(nn.Module):
     def forward(self, graph, x: torch.Tensor) -> torch.Tensor:
         h = x
         for i, w in enumerate(self.weights):
-            bias = None if self.biases is None else self.biases[i]
             if i:
                 h = parallel_dropout.dropout(F.relu(h), self.dropout, self.training)
-            elif (kept := self._kept_input_aggregation(graph, x)) is not None:
-                h = transform_with_bias(kept, w, bias)
-                continue
-            if w.shape[0] > w.shape[1]:
-                h = _aggregate_transformed(graph, h, w, bias)
-            else:
-                h = transform_with_bias(graph.aggregate(h), w, bias)
+            h = aggregate(graph, h, weight=w, bias=None if self.biases is None else self.biases[i],
+                          owner=self if i == 0 else None)
         return h
-
-    def _kept_input_aggregation(self, graph, x: torch.Tensor) -> torch.Tensor | None:
-        """The first layer's ``A x``, kept from the second call on while ``x`` and the graph stay
-        the same and need no gradient (fgplugin.input_cache, as in the drop-in layers). Across
-        ranks this removes the first layer's aggregations *and* their exchanges from every step.
-        ``graph.aggregate`` is a collective, so every rank must decide alike: they do while their
-        ``x`` blocks are alike in size and their devices in memory (the cache's size cap), as
-        block-wise row blocks on one kind of GPU are; a rank that decided otherwise would wait in
-        a collective until the timeout and raise :class:`RankFailureError`."""
-        nbytes = x.numel() * x.element_size()
-        return input_cache.of(self).get(x, (graph,), nbytes, lambda: graph.aggregate(x))
-
-
-def _aggregate_transformed(graph, h: torch.Tensor, w: torch.Tensor, bias) -> torch.Tensor:
-    """``A (H W) + bias``. Where the SpMM wants wider rows than W's columns (whole 16-byte
-    vectors in h's dtype and in the wire dtype: 47 -> 48), ``W`` gets zero columns, so that
-    ``H W`` comes out that wide and neither the SpMM nor the exchange pads a copy and cuts the
-    result back; the bias add cuts the extra columns (the layers do the same:
-    ``fgplugin.ops.aggregate_padded_product``)."""
-    wire = getattr(getattr(graph, "ctx", None), "comm_dtype", None) or h.dtype
-    width = max(padded_width(w.shape[1], h.dtype, h.device), padded_width(w.shape[1], wire, h.device))
-    return aggregate_padded_product(graph.aggregate, h, w, width, bias)
 
 
 class DistributedTrainer:
@@ -104,7 +69,7 @@ class DistributedTrainer:
     rounding) to training it in one process on the whole graph.
 
     Args:
-        model: any module whose ``forward(graph, x)`` uses ``graph.aggregate`` (e.g. :class:`DistGCN`);
+        model: any module whose ``forward(graph, x)`` aggregates over ``graph`` (e.g. :class:`DistGCN`);
             its parameters are replicated: rank 0's are broadcast at construction.
         graph: this rank's :class:`ShardedGraph`.
         x, y: this rank's rows of features and labels (``graph.rows(...)``).

@@ -1,7 +1,8 @@
-"""A layer's eager plan: its graph's adjacency (weighted) and the scales of its normalization.
+"""A layer's :class:`fgplugin.aggregation.Aggregation`: its graph's adjacency (weighted) and the
+scales of its normalization.
 
-``plan_of(graph, values, norm)`` is what every drop-in layer aggregates with, both on the eager
-path and inside the ``torch.compile`` op of _deferred.py, so the two cannot drift apart.
+``aggregation_of(graph, values, norm)`` is what every drop-in layer aggregates with, both on the
+eager path and inside the ``torch.compile`` op of _deferred.py, so the two cannot drift apart.
 ``gcn_scales`` is PyG's ``gcn_norm`` expressed as row/column scales and a diagonal term.
 """
 from __future__ import annotations
@@ -12,12 +13,10 @@ import torch
 from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 
-import fgplugin
 from fgplugin import Normalization, TiledAdjacency
+from fgplugin.aggregation import NO_NORM, Aggregation
 
 from ._graph import Graph
-
-NO_NORM = Normalization(None, None, None)
 
 
 class NormSpec(NamedTuple):
@@ -33,28 +32,6 @@ NONE = NormSpec("none")
 MEAN = NormSpec("mean")
 
 
-class Plan(NamedTuple):
-    """A layer's aggregation ``spmm(adj, x, *norm)``: the (weighted) adjacency and its scales.
-    ``key`` is what they were built from (the cached graph object, edge values, normalization):
-    equal keys mean equal aggregations, which fgplugin.input_cache relies on."""
-
-    adj: TiledAdjacency
-    norm: Normalization
-    key: tuple = ()
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.adj.shape
-
-    @property
-    def device(self) -> torch.device:
-        return self.adj.device
-
-    def aggregate(self, x: Tensor) -> Tensor:
-        """The aggregation of 2-D ``x`` ``[n_src, F]`` -> ``[n_dst, F]``."""
-        return fgplugin.spmm(self.adj, x, *self.norm)
-
-
 def weighted(graph: Graph, values: Tensor | None) -> TiledAdjacency | None:
     """``graph``'s adjacency with per-edge ``values`` (in the input's edge order), or ``None``
     where fgplugin refuses them (e.g. NaN weights), so that the stock layer decides."""
@@ -66,21 +43,21 @@ def weighted(graph: Graph, values: Tensor | None) -> TiledAdjacency | None:
         return None
 
 
-def plan_of(graph: Graph, values: Tensor | None, norm: NormSpec, values_source=None) -> Plan | None:
-    """The plan of ``graph`` with edge ``values`` (input edge order) under ``norm``; ``None``
-    where fgplugin refuses the values. ``values_source``: the object the values were read from
-    when each read gives a new tensor (a ``torch.sparse`` input's ``values()``); it stands for
-    them in the plan's key (its version counter counts writes to its values)."""
+def aggregation_of(graph: Graph, values: Tensor | None, norm: NormSpec, values_source=None) -> Aggregation | None:
+    """The aggregation of ``graph`` with edge ``values`` (input edge order) under ``norm``;
+    ``None`` where fgplugin refuses the values. ``values_source``: the object the values were read
+    from when each read gives a new tensor (a ``torch.sparse`` input's ``values()``); it stands
+    for them in the key (its version counter counts writes to its values)."""
     adj = weighted(graph, values)
     if adj is None:
         return None
     key = (graph.adj, values if values_source is None else values_source, norm)
     if norm.kind == "gcn":
-        return Plan(adj, gcn_scales(graph, adj, values, norm.improved, norm.add_self_loops), key)
+        return Aggregation(adj, gcn_scales(graph, adj, values, norm.improved, norm.add_self_loops), key)
     if norm.kind == "mean":
-        return Plan(adj, adj.norm("mean"), key)
+        return Aggregation(adj, adj.norm("mean"), key)
     if norm.kind == "none":
-        return Plan(adj, NO_NORM, key)
+        return Aggregation(adj, NO_NORM, key)
     raise ValueError(f"unknown normalization {norm.kind!r}; expected 'none', 'gcn' or 'mean'")
 
 

@@ -1,6 +1,8 @@
-// Shared declarations and argument checks of the spmm / sddmm ops (see spmm.cpp for the schema).
+// What the ops' CPU and CUDA implementations share: message helpers and the argument checks of
+// spmm and sddmm (args.cpp). Every op has its schema in csrc/<op>.cpp, its CPU kernel in
+// csrc/cpu/<op>_cpu.cpp and its CUDA kernel in csrc/cuda/<op>_cuda.cpp (+ .cu).
 //
-// Conventions (DESIGN.md, "TiledAdjacency"): A is CSR with rows = destination nodes and
+// Conventions (docs/design.md, "TiledAdjacency"): A is CSR with rows = destination nodes and
 // cols = source nodes; rowptr and col share one index dtype (int32 or int64). Edge values and the
 // row/column scales are stored in the accumulation dtype of x (float for half/bfloat16/float,
 // double for double), so one plan serves every feature precision.
@@ -48,23 +50,15 @@ struct SddmmArgs {
   int64_t n_rows;
 };
 
-// Argument checks (spmm_args.cpp). They throw c10::Error with a message that says what to fix.
+// Argument checks (args.cpp). They throw c10::Error with a message that says what to fix.
 // They are compiled by the host C++ compiler only, and the CUDA ops call them from C++ files
-// (cuda/spmm_cuda_ops.cpp) before any nvcc-compiled code runs: an exception unwinding through
+// (cuda/<op>_cuda.cpp) before any nvcc-compiled code runs: an exception unwinding through
 // nvcc-compiled host frames crashed the process with torch 2.11 + CUDA 13 on the H100 machine.
 SpmmArgs prepare_spmm(const at::Tensor& rowptr, const at::Tensor& col, const std::optional<at::Tensor>& values,
                       const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
                       const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag);
 SddmmArgs prepare_sddmm(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& b);
-
-at::Tensor spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const std::optional<at::Tensor>& values,
-                    const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
-                    const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag,
-                    const std::optional<at::Tensor>& t_rowptr, const std::optional<at::Tensor>& t_col,
-                    const std::optional<at::Tensor>& t_values, at::TensorList plan, at::TensorList t_plan);
-at::Tensor sddmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& b);
-
-// Dropout of x with a counter-based mask drawn from seed (cpu/dropout_cpu.cpp).
-at::Tensor dropout_cpu(const at::Tensor& x, double p, int64_t seed);
+void check_nonzero_rows(const at::Tensor& x);
+void check_pad_columns(const at::Tensor& x, int64_t width);
 
 }  // namespace fgplugin

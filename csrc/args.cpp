@@ -1,7 +1,7 @@
-// Argument checks of the spmm / sddmm ops, shared by the CPU and CUDA kernels (see spmm.h).
+// Argument checks of the ops, shared by their CPU and CUDA kernels (see common.h).
 #include <algorithm>
 
-#include "spmm.h"
+#include "common.h"
 
 namespace fgplugin {
 namespace {
@@ -64,6 +64,20 @@ SddmmArgs prepare_sddmm(const at::Tensor& rowptr, const at::Tensor& col, const a
               "fgplugin.sddmm: a must be [n_rows=", num(n_rows), ", F=", num(b.size(1)),
               "] with the dtype and device of b, got ", dims(a.sizes()), " ", a.scalar_type());
   return {rowptr.contiguous(), col.contiguous(), a.contiguous(), b.contiguous(), n_rows};
+}
+
+void check_nonzero_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && at::isFloatingType(x.scalar_type()),
+              "fgplugin::nonzero_rows: x must be a 2-D floating-point tensor, got ", x.scalar_type(), " of shape ",
+              dims(x.sizes()));
+}
+
+void check_pad_columns(const at::Tensor& x, int64_t width) {
+  TORCH_CHECK(x.dim() == 2 && at::isFloatingType(x.scalar_type()),
+              "fgplugin::pad_columns: x must be a 2-D floating-point tensor, got ", x.scalar_type(), " of shape ",
+              dims(x.sizes()));
+  TORCH_CHECK(width >= x.size(1), "fgplugin::pad_columns: width " + num(width) + " is below x's " +
+                                      num(x.size(1)) + " columns");
 }
 
 }  // namespace fgplugin

@@ -1,8 +1,8 @@
-// The simple CSR kernels of the spmm / sddmm ops: what an empty kernel plan and float64 run (the
-// block-adaptive kernels are in block_adaptive_spmm.cu; the ops are registered and their
-// arguments checked in spmm_cuda_ops.cpp). Host code here only launches: no exceptions.
+// The simple CSR kernel of the spmm op: what a call without a kernel plan and float64 run (the
+// block-adaptive kernels are in block_adaptive_spmm.cu; the op is registered and its arguments
+// checked in spmm_cuda.cpp). Host code here only launches: no exceptions.
 //
-// Thread mapping of the simple kernels: one warp per output row; the 32 lanes stride the feature dimension, so each
+// Thread mapping: one warp per output row; the 32 lanes stride the feature dimension, so each
 // gathered neighbour row is read coalesced. Accumulation in at::opmath_type; each output element
 // is written by one thread, no atomics, so results are deterministic. Limits: a hub row is
 // serialized on one warp (fine for correctness, slow for power-law graphs).
@@ -14,7 +14,6 @@
 namespace fgplugin {
 namespace {
 
-constexpr int kWarpsPerBlock = 8;
 
 template <typename scalar_t, typename index_t>
 __global__ void spmm_csr_warp_kernel(const index_t* __restrict__ rowptr, const index_t* __restrict__ col,
@@ -46,27 +45,6 @@ __global__ void spmm_csr_warp_kernel(const index_t* __restrict__ rowptr, const i
   }
 }
 
-template <typename scalar_t, typename index_t>
-__global__ void sddmm_csr_warp_kernel(const index_t* __restrict__ rowptr, const index_t* __restrict__ col,
-                                      const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
-                                      at::opmath_type<scalar_t>* __restrict__ out, int64_t n_rows, int64_t F) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= n_rows) return;
-  for (int64_t e = rowptr[row]; e < static_cast<int64_t>(rowptr[row + 1]); ++e) {
-    const int64_t j = col[e];
-    acc_t dot = 0;
-    for (int64_t f = lane; f < F; f += 32) dot += static_cast<acc_t>(a[row * F + f]) * static_cast<acc_t>(b[j * F + f]);
-    for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_down_sync(0xffffffffu, dot, offset);
-    if (lane == 0) out[e] = dot;
-  }
-}
-
-unsigned blocks_for_rows(int64_t n_rows) {
-  return static_cast<unsigned>((n_rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-}
-
 }  // namespace
 
 cudaError_t launch_spmm_csr(const SpmmArgs& a, const at::Tensor& out) {
@@ -79,19 +57,6 @@ cudaError_t launch_spmm_csr(const SpmmArgs& a, const at::Tensor& out) {
           a.rowptr.data_ptr<index_t>(), a.col.data_ptr<index_t>(), data_or_null<acc_t>(a.values),
           a.x.data_ptr<scalar_t>(), data_or_null<acc_t>(a.row_scale), data_or_null<acc_t>(a.col_scale),
           data_or_null<acc_t>(a.diag), out.data_ptr<scalar_t>(), a.n_rows, n_diag, a.x.size(1));
-    });
-  });
-  return cudaGetLastError();
-}
-
-cudaError_t launch_sddmm_csr(const SddmmArgs& a, const at::Tensor& out) {
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.a.scalar_type(), "fgplugin_sddmm_cuda", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    AT_DISPATCH_INDEX_TYPES(a.rowptr.scalar_type(), "fgplugin_sddmm_cuda_index", [&] {
-      sddmm_csr_warp_kernel<scalar_t, index_t><<<blocks_for_rows(a.n_rows), kWarpsPerBlock * 32, 0, stream>>>(
-          a.rowptr.data_ptr<index_t>(), a.col.data_ptr<index_t>(), a.a.data_ptr<scalar_t>(), a.b.data_ptr<scalar_t>(),
-          out.data_ptr<acc_t>(), a.n_rows, a.a.size(1));
     });
   });
   return cudaGetLastError();

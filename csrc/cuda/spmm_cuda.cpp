@@ -1,0 +1,46 @@
+// CUDA implementation of the spmm op (schema: spmm.cpp): argument and plan checks, allocation and
+// the choice of kernel, in C++; the .cu files only launch (see common.h for why the split).
+//
+// A kernel plan with float/half/bfloat16 x runs the block-adaptive kernels
+// (block_adaptive_spmm.cu); no plan, and float64, run the simple CSR kernel (spmm_csr.cu). TF32 on
+// dense tiles only when PyTorch allows TF32 matmuls (torch.backends.cuda.matmul.allow_tf32).
+#include <ATen/Context.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "block_adaptive_spmm.cuh"
+#include "launch.h"
+
+namespace fgplugin {
+namespace {
+
+at::Tensor spmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const std::optional<at::Tensor>& values,
+                     const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
+                     const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag,
+                     const std::optional<at::Tensor>& plan, at::IntArrayRef plan_layout,
+                     const std::optional<at::Tensor>& /*t_rowptr*/, const std::optional<at::Tensor>& /*t_col*/,
+                     const std::optional<at::Tensor>& /*t_values*/, const std::optional<at::Tensor>& /*t_plan*/,
+                     at::IntArrayRef /*t_plan_layout*/) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const SpmmArgs a = prepare_spmm(rowptr, col, values, x, row_scale, col_scale, diag);
+  at::Tensor out = at::empty({a.n_rows, a.x.size(1)}, a.x.options());
+  if (out.numel() == 0) return out;
+  if (plan.has_value() && a.x.scalar_type() != at::kDouble) {
+    check_block_plan(a, *plan, plan_layout);
+    const BlockPlan blocks(*plan, plan_layout);
+    const int64_t n_slots = blocks.slot_row.numel();
+    at::Tensor partial = at::empty({std::max<int64_t>(n_slots, 1), a.x.size(1)}, a.x.options().dtype(at::kFloat));
+    C10_CUDA_CHECK(launch_block_adaptive_spmm(a, blocks, out, partial, at::globalContext().allowTF32CuBLAS()));
+  } else {
+    C10_CUDA_CHECK(launch_spmm_csr(a, out));
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace fgplugin
+
+TORCH_LIBRARY_IMPL(fgplugin, CUDA, m) {
+  m.impl("spmm", &fgplugin::spmm_cuda);
+}
