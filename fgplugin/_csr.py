@@ -24,7 +24,7 @@ def rowptr_from_sorted_rows(rows: torch.Tensor, n_rows: int, dtype: torch.dtype)
 
 
 def index_dtype_for(nnz: int, n_rows: int, n_cols: int) -> torch.dtype:
-    """int32 indices while every index and offset fits, int64 beyond (DESIGN.md)."""
+    """int32 indices while every index and offset fits, int64 beyond (docs/design.md)."""
     return torch.int32 if max(nnz, n_rows + 1, n_cols) <= INT32_MAX else torch.int64
 
 

@@ -37,6 +37,8 @@ VARIABLES = (
              "`0`: backward products never skip the zero rows of their output gradient "
              "(`fgplugin.set_row_skipping`)"),
     Variable("FGPLUGIN_DIST_TIMEOUT", "300", "seconds before a collective of `fgplugin.distributed` gives up"),
+    Variable("FGPLUGIN_COMMIT", "unset", "the source version `fgplugin bench` records as its results' `commit` "
+             "when `--commit` is not given"),
 )
 
 
@@ -116,6 +118,11 @@ def dist_timeout_s(default: float = 300.0) -> float:
         return float(value) if value else float(default)
     except ValueError:
         raise ValueError(f"FGPLUGIN_DIST_TIMEOUT must be a number of seconds, got {value!r}") from None
+
+
+def commit() -> str | None:
+    """``$FGPLUGIN_COMMIT``, or ``None`` when unset."""
+    return os.environ.get("FGPLUGIN_COMMIT") or None
 
 
 def table() -> str:

@@ -1,6 +1,6 @@
 """The graph-case registry and the float64 dense reference that every kernel is tested against.
 
-Each case is a small, seeded graph that exercises one thing kernels get wrong (STYLE.md habit 2):
+Each case is a small, seeded graph that exercises one thing kernels get wrong:
 empty graphs, isolated nodes, self loops, duplicate edges, hub rows, bipartite shapes, a tile
 exactly at the density threshold, sizes not divisible by the tile. The same registry serves the
 CPU, CUDA and reference kernels, the layers and the transforms.

@@ -16,6 +16,7 @@ import torch
 from . import autotune
 from ._csr import index_dtype_for, inverse_permutation, rows_of_edges, rowptr_from_sorted_rows
 from .kernel_plan import DEFAULT_CHUNK, KernelPlan, block_adaptive_available, build_kernel_plan
+from .normalization import normalization
 from .tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
 from .validation import check_csr, check_edge_index, check_edge_values, check_perm, check_tile_options
 
@@ -325,8 +326,6 @@ class TiledAdjacency:
 
     def norm(self, kind: str = "gcn", **options):
         """Row/column scales and diagonal of a normalization, cached: see fgplugin.normalization."""
-        from .normalization import normalization
-
         key = (kind, tuple(sorted(options.items())))
         cached = self._cache.get(key)
         if cached is None:

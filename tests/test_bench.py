@@ -68,7 +68,7 @@ def test_dgl_path_equals_stock_dgl(in_feats, hidden, out_feats):
 
 
 def _rel_err(out, ref):
-    """BENCHMARKS.md's error measure: ||out - ref|| / ||ref|| (Frobenius)."""
+    """docs/benchmarks.md's error measure: ||out - ref|| / ||ref|| (Frobenius)."""
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 

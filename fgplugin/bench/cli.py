@@ -212,8 +212,8 @@ def main(argv=None) -> int:
         _log(f"fgplugin bench: {NOT_YET[args.suite]}")
         return 2
     if args.commit is None:
-        from .report import commit_default
-        args.commit = commit_default()
+        from fgplugin.config import commit
+        args.commit = commit()
     if args.suite in GPU_SUITES:
         return _run_spmm(args, argv, ap)
     given = [o for o in SPMM_OPTIONS if getattr(args, o) is not None]

@@ -17,14 +17,6 @@ COLUMNS = ["graph", "order", "impl", "op", "F", "hidden", "precision", "ms_media
            "peak_mem_bytes", "value", "std", "vs_fgplugin", "dense_share", "break_even_epochs", "error"]
 
 
-COMMIT_ENV = "FGPLUGIN_COMMIT"
-
-
-def commit_default() -> str | None:
-    """The results' ``commit`` when ``--commit`` is not given: ``$FGPLUGIN_COMMIT``, else ``None``."""
-    return os.environ.get(COMMIT_ENV) or None
-
-
 def device_name(device) -> str:
     device = torch.device(device)
     if device.type == "cuda":

@@ -625,7 +625,8 @@ def main(argv=None, prog: list[str] | None = None) -> int:
         ap.error(f"unknown exchange mode(s) {', '.join(bad)}; choose from sparse, broadcast, sparse-bf16, "
                  "broadcast-bf16")
     if args.commit is None:
-        args.commit = os.environ.get("FGPLUGIN_COMMIT") or None
+        from fgplugin.config import commit
+        args.commit = commit()
     args.prog, args.argv = prog, argv
     if args.quick and args.epochs == 10:
         args.epochs = 5

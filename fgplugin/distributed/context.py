@@ -1,4 +1,4 @@
-"""Process groups and block layout of row-wise sharding (PAPER.md section 1; DESIGN.md "Distributed").
+"""Process groups and block layout of row-wise sharding (docs/design.md, "Distributed").
 
 ``p`` ranks, replication ``r``, ``q = p / r`` row blocks. Rank ``g * r + k`` holds row block ``g``
 (so the ``r`` replicas of a block are neighbours in rank order, usually on one host) and handles

@@ -1,4 +1,4 @@
-r"""One rank's row block of a graph and the distributed SpMM over it (PAPER.md section 1).
+r"""One rank's row block of a graph and the distributed SpMM over it (docs/design.md, "Distributed").
 
 Rank ``(g, k)`` (block ``g``, replica ``k``; see :mod:`fgplugin.distributed.context`) holds the rows
 ``[s_g, e_g)`` of the normalized adjacency, cut into the column blocks ``A_gj`` it multiplies
@@ -49,6 +49,7 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from ..ops import padded_width, spmm, spmm_skipping_zero_rows
+from ..tile_density import DEFAULT_THRESHOLD
 from ..tiling import TiledAdjacency
 from .context import COMM_MODES, BlockLayout, ShardingContext, all_gather_into
 from .live_rows import LiveRowExchange, compact_product
@@ -144,7 +145,7 @@ class ShardedGraph:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_edge_index(cls, ctx: ShardingContext, edge_index, num_nodes: int, *, perm: torch.Tensor | None = None,
-                        norm: str = "gcn", improved: bool = False, tile_size: int = 32, threshold: float = 0.05,
+                        norm: str = "gcn", improved: bool = False, tile_size: int = 32, threshold: float = DEFAULT_THRESHOLD,
                         extra_fingerprint=()) -> "ShardedGraph":
         r"""Shard a graph given as a global ``edge_index`` ``[2, E]`` (row 0 source, row 1 target).
 

@@ -226,7 +226,7 @@ def _to_cpu(obj):
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``||a - b|| / ||b||`` (Frobenius), the error measure of BENCHMARKS.md."""
+    """``||a - b|| / ||b||`` (Frobenius), the error measure of docs/benchmarks.md."""
     denom = float(torch.linalg.vector_norm(b.double()))
     diff = float(torch.linalg.vector_norm(a.double() - b.double()))
     return diff / denom if denom else (0.0 if diff == 0 else math.inf)

@@ -1,4 +1,4 @@
-r"""Node orderings that give neighbours nearby ids (PAPER.md sections 2-3; DESIGN.md "Reordering").
+r"""Node orderings that give neighbours nearby ids (docs/design.md, "Reordering").
 
 Every ordering returns ``perm`` (new -> old: row ``i`` of the reordered graph is node ``perm[i]``;
 ``x_new = x_old[perm]``), sees the structure only (the pattern of ``A + A^T``, without weights and

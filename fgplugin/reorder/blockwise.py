@@ -1,4 +1,4 @@
-"""Block-wise reordering (PAPER.md section 3, Algorithm 2): reorder each diagonal block alone."""
+"""Block-wise reordering (Algorithm 2 of Miao et al. 2023): reorder each diagonal block alone."""
 from __future__ import annotations
 
 from typing import Callable

@@ -1,7 +1,7 @@
 """Our default ordering: label propagation in torch ops, then one contiguous id range per community.
 
-Why: clustering orders are what create dense tiles (DESIGN.md "Reordering": METIS 42% in 159 s,
-three rounds of GPU label propagation 55-60% in 0.1 s on ~100M edges). Every step below is a sort,
+Why: clustering orders are what create dense tiles (docs/results.md, "Reordering": METIS 42% in
+159 s, three rounds of GPU label propagation 55-60% in 0.1 s on ~100M edges). Every step below is a sort,
 gather or scatter over the edge list, so it runs on whatever device the graph is on.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DegSort: nodes by descending degree (PAPER.md section 2)."""
+"""DegSort: nodes by descending degree."""
 from __future__ import annotations
 
 import torch

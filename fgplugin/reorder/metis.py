@@ -1,4 +1,4 @@
-"""METIS clustering order (PAPER.md section 2): clusters of ~200 nodes, each one id range."""
+"""METIS clustering order: clusters of ~200 nodes, each one id range."""
 from __future__ import annotations
 
 import math

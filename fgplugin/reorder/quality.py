@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .._csr import inverse_permutation
+from ..tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
 from ._graph import as_edges, sorted_unique
 
 
@@ -12,12 +13,11 @@ def tile_density(
     num_nodes: int | None = None,
     perm: torch.Tensor | None = None,
     tile_size: int = 32,
-    threshold: float = 0.05,
+    threshold: float = DEFAULT_THRESHOLD,
 ) -> dict:
     r"""Share of non-zeros that fall in dense ``T x T`` tiles, and the bandwidth, after ``perm``.
 
-    A tile is dense when its non-zero count is strictly greater than ``threshold * T * T`` (the
-    rule of the block-adaptive SpMM, PAPER.md section 4). The matrix is taken as given: not
+    A tile is dense by the rule of the block-adaptive SpMM (fgplugin.tile_density). The matrix is taken as given: not
     symmetrized, self loops counted, duplicate entries counted once.
 
     Args:
@@ -41,10 +41,8 @@ def tile_density(
     if entries.numel() == 0:
         return {"dense_share": 0.0, "bandwidth": 0, "avg_bandwidth": 0.0}
     row, col = entries // n, entries % n
-    tiles_per_row = (n + tile_size - 1) // tile_size
-    tile = (row // tile_size) * tiles_per_row + col // tile_size
-    _, counts = sorted_unique(tile, return_counts=True)
-    dense_nnz = counts[counts > threshold * tile_size * tile_size].sum()
+    _, counts = sorted_unique(tile_keys(row, col, n, tile_size), return_counts=True)
+    dense_nnz = counts[dense_tiles(counts, threshold, tile_size)].sum()
     gap = (row - col).abs()
     return {
         "dense_share": dense_nnz.item() / entries.numel(),

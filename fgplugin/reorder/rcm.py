@@ -1,4 +1,4 @@
-"""Reverse Cuthill-McKee (PAPER.md section 2): BFS-based bandwidth reduction, on the host."""
+"""Reverse Cuthill-McKee: BFS-based bandwidth reduction, on the host."""
 from __future__ import annotations
 
 import scipy.sparse.csgraph

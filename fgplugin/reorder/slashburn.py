@@ -1,4 +1,4 @@
-"""SlashBurn (Kang & Faloutsos 2011; PAPER.md section 2): hubs first, small components last."""
+"""SlashBurn (Kang & Faloutsos 2011): hubs first, small components last."""
 from __future__ import annotations
 
 import math

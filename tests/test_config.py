@@ -1,0 +1,34 @@
+"""fgplugin.config: every environment switch read in one place and listed in docs/design.md."""
+import re
+from pathlib import Path
+
+import fgplugin
+from fgplugin import config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_docs_list_every_switch_as_config_does():
+    design = (ROOT / "docs" / "design.md").read_text()
+    assert config.table() in design, "docs/design.md's configuration table differs from config.table()"
+
+
+def test_no_switch_is_read_outside_config():
+    """Only fgplugin/config.py reads FGPLUGIN_* variables (the C++ sources read none)."""
+    readers = []
+    for path in [*(ROOT / "fgplugin").rglob("*.py"), *(ROOT / "adapters").rglob("*.py"),
+                 *(ROOT / "csrc").rglob("*.c*"), *(ROOT / "csrc").rglob("*.h")]:
+        text = path.read_text()
+        if path.name != "config.py" and re.search(r"(environ|getenv)\W+[^\n]*FGPLUGIN_", text):
+            readers.append(str(path.relative_to(ROOT)))
+    assert readers == []
+    names = set(re.findall(r"FGPLUGIN_[A-Z_]+", (ROOT / "fgplugin" / "config.py").read_text()))
+    assert names == {v.name for v in config.VARIABLES}
+
+
+def test_setters_return_the_previous_setting():
+    for setter, field in ((fgplugin.set_input_cache, "input_cache"), (fgplugin.set_row_skipping, "skip_zero_rows"),
+                          (config.set_block_adaptive, "block_adaptive"), (config.set_wgmma, "wgmma")):
+        before = getattr(config.settings, field)
+        assert setter(not before) is before and getattr(config.settings, field) is (not before)
+        assert setter(before) is (not before) and getattr(config.settings, field) is before
