@@ -1,7 +1,7 @@
 """fgplugin as a drop-in for DGL: one ``patch()``, then an unmodified 2-layer GraphConv network.
 
     python examples/dgl_drop_in.py                              # a generated community graph
-    python examples/dgl_drop_in.py ../shared/data/cora.npz      # a real graph (.npz, see shared/data)
+    python examples/dgl_drop_in.py cora.npz      # a real graph in fgplugin's .npz format
     python examples/dgl_drop_in.py --stock                      # the same script on stock DGL
 
 ``fgplugin.dgl.convert(model)`` does the same for a model that already exists. DGL is imported

@@ -1,7 +1,7 @@
 """fgplugin as a drop-in for PyTorch Geometric: one ``patch()``, then an unmodified 2-layer GCN.
 
     python examples/pyg_drop_in.py                              # a generated community graph
-    python examples/pyg_drop_in.py ../shared/data/cora.npz      # a real graph (.npz, see shared/data)
+    python examples/pyg_drop_in.py cora.npz      # a real graph in fgplugin's .npz format
     python examples/pyg_drop_in.py --stock                      # the same script on stock PyG
 
 ``fgplugin.pyg.convert(model)`` does the same for a model that already exists.

@@ -2,8 +2,8 @@
 
     python examples/train_gcn.py                 # generated community graph "small", CPU or GPU
     python examples/train_gcn.py --graph reddit-like --epochs 200      # on a GPU
-    python examples/train_gcn.py --data ../shared/data/tolokers.npz
-    python examples/train_gcn.py --json out.json     # also write the numbers (BENCHMARKS.md schema)
+    python examples/train_gcn.py --data tolokers          # an .npz graph: a path, or a name in $FGPLUGIN_DATA_DIR
+    python examples/train_gcn.py --json out.json     # also write the numbers (docs/benchmarks.md schema)
 
 Stock PyG runs `GCNConv` on the graph as given (random node ids). fgplugin reorders the graph once
 with `BlockReorder` (its preprocessing time is printed), swaps the same model's layers with
@@ -103,13 +103,13 @@ def load(args, device) -> Data:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--graph", default="small", help="synthetic preset (fgplugin.datasets.SUITE)")
-    parser.add_argument("--data", help="a ../shared/data .npz file or name instead of a synthetic graph")
+    parser.add_argument("--data", help="an .npz graph (a path, or a name in $FGPLUGIN_DATA_DIR) instead of a synthetic graph")
     parser.add_argument("--epochs", type=int, default=50)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--reorder", default="community", help="ordering method (fgplugin.reorder.METHODS)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", help="also write the results to this JSON file (BENCHMARKS.md schema)")
+    parser.add_argument("--json", help="also write the results to this JSON file (docs/benchmarks.md schema)")
     args = parser.parse_args()
     device = torch.device(args.device)
 
