@@ -1,6 +1,7 @@
-// What the ops' CPU and CUDA implementations share: message helpers and the argument checks of
-// spmm and sddmm (args.cpp). Every op has its schema in csrc/<op>.cpp, its CPU kernel in
-// csrc/cpu/<op>_cpu.cpp and its CUDA kernel in csrc/cuda/<op>_cuda.cpp (+ .cu).
+// What the ops' CPU and CUDA implementations share: message helpers and the argument checks
+// (args.cpp). Every op has its schema in csrc/<op>.cpp, its CPU kernel in csrc/cpu/<op>_cpu.cpp
+// and its CUDA kernel in csrc/cuda/<op>_cuda.cpp (+ a .cu launcher); cpu/register_cpu.cpp and
+// cuda/register_cuda.cpp register them.
 //
 // Conventions (docs/design.md, "TiledAdjacency"): A is CSR with rows = destination nodes and
 // cols = source nodes; rowptr and col share one index dtype (int32 or int64). Edge values and the
@@ -36,6 +37,20 @@ template <typename T>
 const T* data_or_null(const std::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
 }
+
+// The signature of each op (schema in csrc/<op>.cpp), which its CPU and CUDA kernels share
+// (declared in cpu/ops_cpu.h and cuda/ops_cuda.h).
+using SpmmOp = at::Tensor(const at::Tensor& rowptr, const at::Tensor& col, const std::optional<at::Tensor>& values,
+                          const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
+                          const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag,
+                          const std::optional<at::Tensor>& plan, at::IntArrayRef plan_layout,
+                          const std::optional<at::Tensor>& t_rowptr, const std::optional<at::Tensor>& t_col,
+                          const std::optional<at::Tensor>& t_values, const std::optional<at::Tensor>& t_plan,
+                          at::IntArrayRef t_plan_layout);
+using SddmmOp = at::Tensor(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& b);
+using DropoutOp = at::Tensor(const at::Tensor& x, double p, int64_t seed);
+using NonzeroRowsOp = at::Tensor(const at::Tensor& x);
+using PadColumnsOp = at::Tensor(const at::Tensor& x, int64_t width);
 
 // The spmm arguments after checks, made contiguous: what both device kernels consume.
 struct SpmmArgs {

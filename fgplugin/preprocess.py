@@ -14,7 +14,7 @@ from .cache import cached, default_cache_dir, tensor_digest
 from .tiling import TiledAdjacency
 from .validation import check_edge_index
 
-PLAN_VERSION = 1  # bump when the cached object's layout changes: old entries then read as stale
+CACHE_FORMAT = 2  # bump when the cached object's layout changes: old entries then read as stale
 
 
 def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.Tensor | None = None, *,
@@ -26,11 +26,13 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
     ``edge_perm`` maps CSR positions to the input edge order, so per-edge data keeps its edges.
 
     Args:
-        threshold: density threshold of the dense tiles; ``"auto"`` (the default) lets the CUDA
-            kernel time the candidates on this graph at its first use there (``fgplugin.autotune``).
-            On the H100 that took 0.5-1.5 s on 75-200M-edge graphs and made training steps
-            1.9-5.3% faster than at 0.05 (benchmarks/results/h100/threshold_epoch.json,
-            probe_sample.json); pass a number to skip it.
+        method (str): ordering, one of ``fgplugin.reorder.METHODS`` (default ``"community"``).
+        parts (int): Algorithm 2's block-wise reordering over ``parts`` equal node ranges.
+        seed (int): seed of the ordering.
+        tile_size, threshold: tiling options; ``threshold="auto"`` (the default) lets the CUDA
+            kernel time the candidate thresholds on the graph once, before its first kernel plan
+            is built (``fgplugin.autotune``; 0.5-1.5 s on a 75-200M-edge graph on an H100, for
+            1.9-5.3% faster training steps than at 0.05: docs/results.md); pass a number to skip it.
         cache: ``False`` (no disk cache), ``True`` (the default cache folder,
             ``$FGPLUGIN_CACHE_DIR/preprocess``) or a folder. Entries are keyed by a hash of the
             graph and every option, written atomically with a checksum, and rebuilt (with a
@@ -58,4 +60,4 @@ def cache_key(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.Tenso
               method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,
               threshold: float | str = "auto") -> str:
     """The disk-cache key of :func:`reorder_graph` for these arguments (entry: ``<key>.pt``)."""
-    return tensor_digest(PLAN_VERSION, edge_index, num_nodes, edge_weight, method, parts, seed, tile_size, threshold)
+    return tensor_digest(CACHE_FORMAT, edge_index, num_nodes, edge_weight, method, parts, seed, tile_size, threshold)

@@ -22,14 +22,9 @@ class BlockReorder(BaseTransform):
     ``fgplugin.dgl``'s layers find it.
 
     Args:
-        method (str): ordering, one of ``fgplugin.reorder.METHODS`` (default ``"community"``).
-        parts (int): Algorithm 2's block-wise reordering over ``parts`` equal node ranges.
-        seed (int): seed of the ordering.
-        tile_size, threshold: tile plan options; ``threshold="auto"`` (the default) lets the
-            CUDA kernel time the candidate thresholds on the graph once, at its first use there
-            (0.5-1.5 s on a 75-200M-edge graph on an H100, for 1.9-5.3% faster training steps;
-            see ``fgplugin.autotune``).
-        cache (bool or path): cache the reordering on disk (see ``fgplugin.preprocess``).
+        method, parts, seed, tile_size, threshold, cache: as for
+            :func:`fgplugin.preprocess.reorder_graph` (default: the ``community`` ordering,
+            ``threshold="auto"``, no disk cache).
     """
 
     def __init__(self, method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,

@@ -42,6 +42,7 @@ class DeferredAggregation(NamedTuple):
     n_dst: int
     flip: bool
     norm: NormSpec
+    key: tuple = ()  # what the kept input aggregation keys on: nothing, it is never kept
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -50,10 +51,6 @@ class DeferredAggregation(NamedTuple):
     @property
     def device(self) -> torch.device:
         return self.edge_index.device
-
-    @property
-    def key(self) -> tuple:
-        return ()
 
     def vector_width(self, features: int, dtype: torch.dtype) -> int:
         return padded_width(features, dtype, self.device)

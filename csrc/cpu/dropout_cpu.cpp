@@ -17,13 +17,13 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "../common.h"
+#include "ops_cpu.h"
 #include "x86_multiversion.h"
 
 namespace fgplugin {
@@ -119,6 +119,8 @@ void apply_chunk(const scalar_t* __restrict__ src, scalar_t* __restrict__ dst, c
   }
 }
 
+}  // namespace
+
 at::Tensor dropout_cpu(const at::Tensor& x, double p, int64_t seed) {
   TORCH_CHECK(p >= 0.0 && p <= 1.0, "fgplugin.dropout: the dropout probability p must be in [0, 1]");
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), "fgplugin.dropout: x must be a floating-point tensor, got ",
@@ -152,9 +154,4 @@ at::Tensor dropout_cpu(const at::Tensor& x, double p, int64_t seed) {
   return out;
 }
 
-}  // namespace
 }  // namespace fgplugin
-
-TORCH_LIBRARY_IMPL(fgplugin, CPU, m) {
-  m.impl("dropout", &fgplugin::dropout_cpu);
-}

@@ -2,12 +2,11 @@
 // here: |x|.amax(dim=1) != 0 (NaN != 0 holds, so NaN rows count as non-zero); `any` was about 10x
 // slower on a 2-core CPU (torch 2.13).
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 #include "../common.h"
+#include "ops_cpu.h"
 
 namespace fgplugin {
-namespace {
 
 at::Tensor nonzero_rows_cpu(const at::Tensor& x) {
   check_nonzero_rows(x);
@@ -15,9 +14,4 @@ at::Tensor nonzero_rows_cpu(const at::Tensor& x) {
   return x.abs().amax(1).ne(0);
 }
 
-}  // namespace
 }  // namespace fgplugin
-
-TORCH_LIBRARY_IMPL(fgplugin, CPU, m) {
-  m.impl("nonzero_rows", &fgplugin::nonzero_rows_cpu);
-}

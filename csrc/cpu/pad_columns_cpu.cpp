@@ -1,12 +1,11 @@
 // CPU kernel of the pad_columns op (schema: pad_columns.cpp): a zero-filled [n, width] tensor with
 // x copied into its first columns.
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 #include "../common.h"
+#include "ops_cpu.h"
 
 namespace fgplugin {
-namespace {
 
 at::Tensor pad_columns_cpu(const at::Tensor& x, int64_t width) {
   check_pad_columns(x, width);
@@ -15,9 +14,4 @@ at::Tensor pad_columns_cpu(const at::Tensor& x, int64_t width) {
   return out;
 }
 
-}  // namespace
 }  // namespace fgplugin
-
-TORCH_LIBRARY_IMPL(fgplugin, CPU, m) {
-  m.impl("pad_columns", &fgplugin::pad_columns_cpu);
-}

@@ -1,9 +1,9 @@
 // CPU kernel of the sddmm op (schema: sddmm.cpp): out[e] = <a[row(e)], b[col(e)]> per non-zero,
 // accumulated in at::opmath_type, rows in parallel with balanced work (balanced_rows.h).
 #include <ATen/Dispatch.h>
-#include <torch/library.h>
 
 #include "../common.h"
+#include "ops_cpu.h"
 #include "balanced_rows.h"
 
 namespace fgplugin {
@@ -26,6 +26,8 @@ void sddmm_rows(const index_t* rowptr, const index_t* col, const scalar_t* a, co
   });
 }
 
+}  // namespace
+
 at::Tensor sddmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a_in, const at::Tensor& b_in) {
   const SddmmArgs a = prepare_sddmm(rowptr, col, a_in, b_in);
   at::Tensor out = at::empty({a.col.numel()}, a.a.options().dtype(aux_dtype_for(a.a.scalar_type())));
@@ -40,9 +42,4 @@ at::Tensor sddmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const at::
   return out;
 }
 
-}  // namespace
 }  // namespace fgplugin
-
-TORCH_LIBRARY_IMPL(fgplugin, CPU, m) {
-  m.impl("sddmm", &fgplugin::sddmm_cpu);
-}

@@ -22,7 +22,6 @@
 // half/bfloat16, the input type otherwise).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -32,6 +31,7 @@
 #include <vector>
 
 #include "../common.h"
+#include "ops_cpu.h"
 #include "balanced_rows.h"
 #include "x86_multiversion.h"
 
@@ -260,6 +260,8 @@ void spmm_rows(const index_t* rowptr, const index_t* col, const at::opmath_type<
   });
 }
 
+}  // namespace
+
 at::Tensor spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const std::optional<at::Tensor>& values,
                     const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
                     const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag,
@@ -294,9 +296,4 @@ at::Tensor spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const std::
   return out;
 }
 
-}  // namespace
 }  // namespace fgplugin
-
-TORCH_LIBRARY_IMPL(fgplugin, CPU, m) {
-  m.impl("spmm", &fgplugin::spmm_cpu);
-}

@@ -505,19 +505,13 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
 // ------------------------------------------------------------------ 2. sparse remainder
 template <typename scalar_t, typename index_t>
 struct SparseParams {
-  const index_t* rem_col;
-  const index_t* rem_eid;
-  const index_t* item_ptr;
-  const index_t* item_row;
-  const int* item_slot;
-  const int* dpanel_dense;
-  const float* values;
+  const index_t *rem_col, *rem_eid, *item_ptr, *item_row;  // the remainder and its work items (plan)
+  const int *item_slot, *dpanel_dense;                      // (plan)
+  const float* values;                                      // edge weights, or null
   const scalar_t* x;
-  const float* rs;
-  const float* cs;
-  const float* diag;
+  const float *rs, *cs, *diag;                              // row and column scales, self loops (or null)
   scalar_t* out;
-  float* partial;
+  float* partial;                                           // fp32 sums of split rows' items
   int64_t n_items, n_diag, F;
   int lanes;  // L: lanes per feature group (power of two <= 32)
   bool vec;

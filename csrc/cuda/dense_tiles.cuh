@@ -20,16 +20,13 @@ namespace fgplugin {
 
 template <typename scalar_t>
 struct DenseParams {
-  const int* dblock_ptr;
-  const int* dwork;
+  const int *dblock_ptr, *dwork;                  // blocks and their stages (plan)
   const int4* dstage;
-  const uint32_t* dtile_bits;
-  const uint32_t* dtile_frag;
-  const int64_t* dtile_roff;
-  const int64_t* dense_eid;
-  const float* values;
+  const uint32_t *dtile_bits, *dtile_frag;        // each tile's bitmap, by row and by A fragment
+  const int64_t *dtile_roff, *dense_eid;          // weighted plans: where each entry's value is
+  const float* values;                            // edge weights, or null
   const scalar_t* x;
-  const float* cs;
+  const float* cs;                                // column scales, or null
   scalar_t* out;
   int64_t n_rows, n_cols, F;
   bool vec;  // F is a whole number of 16-byte vectors and x, out are 16-byte aligned

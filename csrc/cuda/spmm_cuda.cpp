@@ -5,15 +5,11 @@
 // (block_adaptive_spmm.cu); no plan, and float64, run the simple CSR kernel (spmm_csr.cu). TF32 on
 // dense tiles only when PyTorch allows TF32 matmuls (torch.backends.cuda.matmul.allow_tf32).
 #include <ATen/Context.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
 
 #include "block_adaptive_spmm.cuh"
-#include "launch.h"
+#include "ops_cuda.h"
 
 namespace fgplugin {
-namespace {
 
 at::Tensor spmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const std::optional<at::Tensor>& values,
                      const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
@@ -22,7 +18,7 @@ at::Tensor spmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const std:
                      const std::optional<at::Tensor>& /*t_rowptr*/, const std::optional<at::Tensor>& /*t_col*/,
                      const std::optional<at::Tensor>& /*t_values*/, const std::optional<at::Tensor>& /*t_plan*/,
                      at::IntArrayRef /*t_plan_layout*/) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const c10::cuda::CUDAGuard guard(x.device());  // for the partial buffer and the launches below
   const SpmmArgs a = prepare_spmm(rowptr, col, values, x, row_scale, col_scale, diag);
   at::Tensor out = at::empty({a.n_rows, a.x.size(1)}, a.x.options());
   if (out.numel() == 0) return out;
@@ -38,9 +34,4 @@ at::Tensor spmm_cuda(const at::Tensor& rowptr, const at::Tensor& col, const std:
   return out;
 }
 
-}  // namespace
 }  // namespace fgplugin
-
-TORCH_LIBRARY_IMPL(fgplugin, CUDA, m) {
-  m.impl("spmm", &fgplugin::spmm_cuda);
-}

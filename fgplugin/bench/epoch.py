@@ -203,6 +203,17 @@ def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3):
     return times, None
 
 
+def _failed_rows(graph: str, orders, impls, fields: dict, err: Exception, bar) -> list[dict]:
+    """The rows of a graph that could not be loaded: one per order and impl, with the reason."""
+    rows = []
+    for order in orders:
+        for impl in impls:
+            rows.append({"graph": graph, "order": order, "impl": impl, **fields, "error": _error_text(err)})
+            if bar:
+                bar.update()
+    return rows
+
+
 def _error_text(err: BaseException) -> str:
     if isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower():
         return "OOM"
@@ -301,13 +312,8 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
     for name in graphs:
         try:
             base = load(name, device, seed)
-        except Exception as err:  # noqa: BLE001
-            for order in orders:
-                for impl in impls:
-                    rows.append({"graph": name, "order": order, "impl": impl, "op": "epoch", "ms_median": None,
-                                 "error": _error_text(err)})
-                    if bar:
-                        bar.update()
+        except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
+            rows += _failed_rows(name, orders, impls, {"op": "epoch", "ms_median": None}, err, bar)
             continue
         h = hidden or HIDDEN.get(name, 64)
         log(f"[epoch] {base.name}: {base.num_nodes:,} nodes, {base.edge_index.shape[1]:,} edges, F={base.num_features}, "
@@ -386,12 +392,7 @@ def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugi
         try:
             base = load(name, device, 0)
         except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
-            for order in orders:
-                for impl in impls:
-                    rows.append({"graph": name, "order": order, "impl": impl, "op": "accuracy", "value": None,
-                                 "error": _error_text(err)})
-                    if bar:
-                        bar.update()
+            rows += _failed_rows(name, orders, impls, {"op": "accuracy", "value": None}, err, bar)
             log(f"[accuracy] {name}: error: {_error_text(err)}")
             continue
         problems = {"original": base}

@@ -114,6 +114,7 @@ class ShardedGraph:
                  fingerprint, remote=None, recv_slices=None, recv_rows=0, symmetric=False, comm=None, gathers=False,
                  recv_ids=None):
         self.ctx = ctx
+        self.device = ctx.device
         self.layout = BlockLayout(num_nodes, ctx.num_blocks)
         self.num_nodes, self.num_edges = num_nodes, num_edges
         self.perm = perm
@@ -360,10 +361,6 @@ class ShardedGraph:
     def shape(self) -> tuple[int, int]:
         """This rank's rows in and out (the aggregation's view of the sharded product)."""
         return (self.num_rows, self.num_rows)
-
-    @property
-    def device(self) -> torch.device:
-        return self.ctx.device
 
     @property
     def key(self) -> tuple:
