@@ -18,7 +18,8 @@ void check_aux(const std::optional<at::Tensor>& t, const char* name, int64_t num
               " but x is on ", x.device(), "; move the adjacency with adj.to(x.device)");
 }
 
-// Checks the CSR pair and x; returns the number of output rows.
+// Checks the CSR pair (contents included) and x, whose rows the column ids index; returns the
+// number of output rows.
 int64_t check_csr_and_x(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& x,
                                const char* op) {
   TORCH_CHECK(rowptr.dim() == 1 && rowptr.numel() >= 1, op, ": rowptr must be 1-D with n_rows + 1 entries");
@@ -32,6 +33,9 @@ int64_t check_csr_and_x(const at::Tensor& rowptr, const at::Tensor& col, const a
   TORCH_CHECK(rowptr.device() == x.device() && col.device() == x.device(), op,
               ": the adjacency is on ", rowptr.device(), " but x is on ", x.device(),
               "; move the adjacency with adj.to(x.device)");
+  const int64_t max_col = checked_max_col(rowptr, col, op);
+  TORCH_CHECK(max_col < x.size(0), std::string(op) + ": the adjacency refers to source node " + num(max_col) +
+                                       " but x has " + num(x.size(0)) + " rows; pass features of every source node");
   return rowptr.numel() - 1;
 }
 

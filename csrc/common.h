@@ -73,6 +73,9 @@ SpmmArgs prepare_spmm(const at::Tensor& rowptr, const at::Tensor& col, const std
                       const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
                       const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag);
 SddmmArgs prepare_sddmm(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& b);
+// The largest column id of the CSR (rowptr, col), -1 without entries, after checking its contents
+// (csr_contents.cpp: once per version of the two tensors); throws when they are not a valid CSR.
+int64_t checked_max_col(const at::Tensor& rowptr, const at::Tensor& col, const char* op);
 void check_nonzero_rows(const at::Tensor& x);
 void check_pad_columns(const at::Tensor& x, int64_t width);
 

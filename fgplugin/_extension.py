@@ -20,6 +20,7 @@ FGPLUGIN_VERBOSE_BUILD) are read in fgplugin/config.py.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -141,21 +142,42 @@ def _build_and_load(with_cuda: bool) -> str:
         os.environ["TORCH_CUDA_ARCH_LIST"] = default_cuda_archs(
             _nvcc_version(cpp_extension.CUDA_HOME) if cpp_extension.CUDA_HOME else None)
     try:
-        cpp_extension.load(
-            name=name,
-            sources=[str(p) for p in _sources(with_cuda)],
-            extra_cflags=["-O3", *openmp_flags()],
-            extra_ldflags=openmp_flags(),
-            extra_cuda_cflags=["-O3", "-lineinfo"],
-            with_cuda=with_cuda,
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=verbose,
-        )
+        with _exclusive(build_dir / "fgplugin-build.lock"):
+            # torch's own lock file of a build that was killed would make this wait forever: holding
+            # ours, no other fgplugin process is building here, so any such file is stale.
+            (build_dir / "lock").unlink(missing_ok=True)
+            cpp_extension.load(
+                name=name,
+                sources=[str(p) for p in _sources(with_cuda)],
+                extra_cflags=["-O3", *openmp_flags()],
+                extra_ldflags=openmp_flags(),
+                extra_cuda_cflags=["-O3", "-lineinfo"],
+                with_cuda=with_cuda,
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=verbose,
+            )
     finally:
         if with_cuda and saved_arch is None:
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
     return str(build_dir)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """An exclusive lock on ``path`` for one build at a time; the kernel releases it when the
+    process ends, however it ends (unlike torch's lock file, which a killed build leaves behind)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's own lock file is all there is
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def load() -> ExtensionStatus:

@@ -83,9 +83,11 @@ struct BlockPlan {
   }
 };
 
-// Checks that the plan (buffer + layout) fits the arguments (block_adaptive_plan.cpp); throws
-// with a clear message.
+// Checks that the plan (buffer + layout) fits the arguments (block_adaptive_plan.cpp): its layout
+// on every call, its contents once per version of the buffer; throws with a clear message.
 void check_block_plan(const SpmmArgs& a, const at::Tensor& buffer, at::IntArrayRef layout);
+// The largest column id of the plan's remainder after checking every index of its contents.
+int64_t checked_plan_max_col(const SpmmArgs& a, const at::Tensor& buffer, at::IntArrayRef layout);
 
 // Widest F the dense kernel's grid covers for x of `dtype`.
 int64_t block_adaptive_max_features(at::ScalarType dtype);
