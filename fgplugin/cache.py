@@ -24,7 +24,8 @@ FORMAT = "fgplugin-cache-v1"
 
 
 class CacheWarning(UserWarning):
-    """A cache entry was unusable (corrupt, truncated or stale) and has been rebuilt."""
+    """A cache entry was unusable (corrupt, truncated or stale) and has been rebuilt, or the cache
+    folder could not be used."""
 
 
 def default_cache_dir() -> Path:
@@ -87,14 +88,29 @@ def load_entry(path: Path, key: str) -> Any | None:
     else:
         return torch.load(io.BytesIO(payload), weights_only=True)
     warnings.warn(f"fgplugin cache entry {path} is {problem}; rebuilding it", CacheWarning, stacklevel=3)
-    path.unlink(missing_ok=True)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:  # a read-only folder: the rebuilt entry cannot replace it either (cached() warns)
+        pass
     return None
 
 
 def cached(path: Path, key: str, build: Callable[[], Any]) -> Any:
-    """Load the entry at ``path`` if it is valid for ``key``; otherwise build, save and return it."""
-    obj = load_entry(path, key)
+    """Load the entry at ``path`` if it is valid for ``key``; otherwise build, save and return it.
+    A folder that cannot be read or written costs the cache, not the result: a warning says why
+    and the object is built (and returned) all the same."""
+    try:
+        obj = load_entry(path, key)
+    except OSError as err:  # unreadable: permissions, a file where the folder should be, ...
+        warnings.warn(f"fgplugin cache entry {path} cannot be read ({err}); building without it", CacheWarning,
+                      stacklevel=2)
+        return build()
     if obj is None:
         obj = build()
-        save_entry(path, key, obj)
+        try:
+            save_entry(path, key, obj)
+        except OSError as err:
+            warnings.warn(f"fgplugin could not write its cache entry {path} ({err}); the result is used without "
+                          "being cached. Point FGPLUGIN_CACHE_DIR (or cache=) at a writable folder to keep it",
+                          CacheWarning, stacklevel=2)
     return obj

@@ -43,26 +43,35 @@ class Normalization(NamedTuple):
     diag: torch.Tensor | None
 
 
-def normalization(adj, kind: str = "gcn", *, add_self_loops: bool = True, improved: bool = False) -> Normalization:
-    """Scales of normalization ``kind`` for ``adj`` (see the module docstring); O(nnz) once."""
+def normalization(adj, kind: str = "gcn", *, add_self_loops: bool = True, improved: bool = False,
+                  dtype: torch.dtype = torch.float32) -> Normalization:
+    """Scales of normalization ``kind`` for ``adj`` (see the module docstring) in ``dtype`` (that
+    of the features they scale: float64 features want float64 scales); O(nnz) once. Degrees are
+    summed in float64, so float32 scales are correctly rounded too."""
     if kind not in KINDS:
         raise ValueError(f"unknown normalization {kind!r}; expected one of {KINDS}")
     if kind == "gcn":
-        return _gcn(adj, add_self_loops, improved)
-    in_deg = adj.in_degree().clamp(min=1)
+        return _as(_gcn(adj, add_self_loops, improved), dtype)
+    in_deg = adj.in_degree(dtype=torch.float64).clamp(min=1)
     if kind == "mean" or kind == "right":
-        return Normalization(in_deg.reciprocal(), None, None)
-    if kind == "left":
-        return Normalization(None, adj.out_degree().clamp(min=1).reciprocal(), None)
-    if kind == "both":
-        return Normalization(in_deg.rsqrt(), adj.out_degree().clamp(min=1).rsqrt(), None)
-    return Normalization(None, None, None)
+        scales = Normalization(in_deg.reciprocal(), None, None)
+    elif kind == "left":
+        scales = Normalization(None, adj.out_degree(dtype=torch.float64).clamp(min=1).reciprocal(), None)
+    elif kind == "both":
+        scales = Normalization(in_deg.rsqrt(), adj.out_degree(dtype=torch.float64).clamp(min=1).rsqrt(), None)
+    else:
+        scales = Normalization(None, None, None)
+    return _as(scales, dtype)
+
+
+def _as(scales: Normalization, dtype: torch.dtype) -> Normalization:
+    return Normalization(*(None if t is None else t.to(dtype) for t in scales))
 
 
 def _gcn(adj, add_self_loops: bool, improved: bool) -> Normalization:
     if not adj.is_square:
         raise ValueError(f"GCN normalization needs a square adjacency (one node set), got shape {adj.shape}")
-    deg = adj.in_degree(weighted=True)
+    deg = adj.in_degree(weighted=True, dtype=torch.float64)
     diag = None
     if add_self_loops:
         diag = (~adj.self_loop_mask()).to(deg.dtype) * (2.0 if improved else 1.0)

@@ -278,18 +278,24 @@ class TiledAdjacency:
         t_rowptr, t_col, _ = self.transpose()
         return t_rowptr is self.rowptr and t_col is self.col
 
-    def in_degree(self, weighted: bool = False) -> torch.Tensor:
-        """Number (or summed weight) of in-edges per destination node, as float."""
+    def in_degree(self, weighted: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Number (or summed weight) of in-edges per destination node, in ``dtype`` (default:
+        the weights' dtype, float32 without weights)."""
         if weighted and self.values is not None:
-            rows = self._rows()
-            return torch.zeros(self.shape[0], dtype=self.values.dtype, device=self.device).index_add_(0, rows, self.values)
-        return (self.rowptr[1:] - self.rowptr[:-1]).to(torch.float32)
+            dtype = dtype or self.values.dtype
+            weights = self.values.to(dtype)
+            return torch.zeros(self.shape[0], dtype=dtype, device=self.device).index_add_(0, self._rows(), weights)
+        return (self.rowptr[1:] - self.rowptr[:-1]).to(dtype or torch.float32)
 
-    def out_degree(self, weighted: bool = False) -> torch.Tensor:
-        """Number (or summed weight) of out-edges per source node, as float."""
-        weights = self.values if weighted and self.values is not None else torch.ones(
-            self.nnz, dtype=torch.float32, device=self.device)
-        return torch.zeros(self.shape[1], dtype=weights.dtype, device=self.device).index_add_(0, self.col.long(), weights)
+    def out_degree(self, weighted: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Number (or summed weight) of out-edges per source node, in ``dtype`` (as :meth:`in_degree`)."""
+        if weighted and self.values is not None:
+            dtype = dtype or self.values.dtype
+            weights = self.values.to(dtype)
+        else:
+            dtype = dtype or torch.float32
+            weights = torch.ones(self.nnz, dtype=dtype, device=self.device)
+        return torch.zeros(self.shape[1], dtype=dtype, device=self.device).index_add_(0, self.col.long(), weights)
 
     def self_loop_mask(self) -> torch.Tensor:
         """Bool [min(n_rows, n_cols)]: which nodes already have a self loop in A."""
@@ -325,7 +331,8 @@ class TiledAdjacency:
         return cached
 
     def norm(self, kind: str = "gcn", **options):
-        """Row/column scales and diagonal of a normalization, cached: see fgplugin.normalization."""
+        """Row/column scales and diagonal of a normalization, cached: see fgplugin.normalization
+        (``dtype=torch.float64`` for float64 features; float32 by default)."""
         key = (kind, tuple(sorted(options.items())))
         cached = self._cache.get(key)
         if cached is None:
@@ -501,15 +508,13 @@ def _resolve_size(edge_index, num_nodes, size) -> tuple[int, int]:
     if size is not None:
         if num_nodes is not None:
             raise ValueError("pass either num_nodes (square graph) or size=(num_src_nodes, num_dst_nodes), not both")
-        if len(size) != 2 or any(int(s) < 0 for s in size):
-            raise ValueError(f"size must be (num_src_nodes, num_dst_nodes) with non-negative entries, got {size}")
-        n_src, n_dst = int(size[0]), int(size[1])
+        if len(size) != 2:
+            raise ValueError(f"size must be (num_src_nodes, num_dst_nodes), got {size}")
+        n_src, n_dst = (_node_count(s, f"size[{i}]") for i, s in enumerate(size))
     else:
         if num_nodes is None:
-            num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
-        if int(num_nodes) < 0:
-            raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
-        n_src = n_dst = int(num_nodes)
+            num_nodes = _inferred_node_count(edge_index)
+        n_src = n_dst = _node_count(num_nodes, "num_nodes")
     if edge_index.numel():
         for row, bound, what in ((0, n_src, "source"), (1, n_dst, "target")):
             largest = int(edge_index[row].max())
@@ -518,6 +523,39 @@ def _resolve_size(edge_index, num_nodes, size) -> tuple[int, int]:
                 raise ValueError(f"edge_index refers to {what} node {largest}, but the graph has only {bound} "
                                  f"{what} nodes; pass {hint} >= {largest + 1}")
     return n_src, n_dst
+
+
+def _node_count(value, name: str) -> int:
+    """``value`` as a node count: a non-negative integer (an int, a NumPy integer or an integral
+    0-d tensor), never a silently truncated float."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point \
+            and value.dtype != torch.bool:
+        value = int(value)
+    if isinstance(value, (bool, torch.Tensor)) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be a whole number of nodes (an int), got {value!r} of type "
+                        f"{type(value).__name__}")
+    value = value.__index__()
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+# Inferring the node count from the largest id stops here: beyond it the row pointer alone would
+# take gigabytes, which ids from a larger graph (a subgraph keeping its original ids, or hashes)
+# would otherwise allocate without a word.
+MAX_INFERRED_NODES = 2**31 - 1
+
+
+def _inferred_node_count(edge_index) -> int:
+    if not edge_index.numel():
+        return 0
+    largest = int(edge_index.max())
+    if largest >= MAX_INFERRED_NODES:
+        raise ValueError(f"edge_index holds node id {largest} and num_nodes was not given: an adjacency of "
+                         f"{largest + 1} nodes would need {8 * (largest + 2) / 2**30:.0f} GiB for its row pointer "
+                         "alone. Pass num_nodes if the graph really has that many nodes, or relabel the ids to "
+                         "0..k-1 first (torch.unique(edge_index, return_inverse=True))")
+    return largest + 1
 
 
 def _sort_by_row_then_col(rows: torch.Tensor, cols: torch.Tensor, n_cols: int) -> torch.Tensor:

@@ -124,6 +124,33 @@ def test_matches_stock(config, kind, case, fgplugin_only):
     assert_same(stock, ours, x, kind(ei, w_s, n), kind(ei, w_o, n), [(w_s, w_o)])
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("config", LAYERS)
+def test_tiled_adjacency_gives_what_stock_gives_for_edge_index(config, case, weighted, fgplugin_only):
+    """A TiledAdjacency holds an edge list, so a layer given one computes what the stock layer
+    computes for that edge_index: existing self loops (a duplicated one in "messy") and
+    improved=True included, and the gradients of the edge weights."""
+    ei, w, n = graph_case(case)
+    stock, ours = make_pair(config, LAYERS[config])
+    w_s, w_o = w.clone().requires_grad_(), w.clone().requires_grad_()
+    adj = fgplugin.TiledAdjacency.from_edge_index(ei, n, w_o if weighted else None)
+    x = torch.randn(n, 8)
+    assert_same(stock, ours, x, (ei, w_s) if weighted else (ei,), (adj,), [(w_s, w_o)] if weighted else [])
+
+
+@pytest.mark.parametrize("config", ["gcn", "gcn-improved", "sg", "lg"])
+@pytest.mark.parametrize("kind", [_ei, _ei_w, _csr], ids=lambda k: k.__name__.strip("_"))
+def test_float64_gets_float64_accuracy(config, kind, fgplugin_only):
+    """Float64 features are aggregated with float64 scales: stock and fgplugin agree to ~1e-15."""
+    ei, w, n = graph_case("messy")
+    stock, ours = make_pair(config, LAYERS[config])
+    stock, ours = stock.double(), ours.double()
+    x = torch.randn(n, 8, dtype=torch.float64)
+    out_s, out_o = stock(x, *kind(ei, w.double(), n)), ours(x, *kind(ei, w.double(), n))
+    assert rel_err(out_o, out_s) < 1e-13
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("kind", [_ei, _edge_index_cls, _coo, _csr, _csr_unweighted],
                          ids=lambda k: k.__name__.strip("_"))

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from fgplugin import Normalization, TiledAdjacency
+from fgplugin._csr import aux_dtype_for
 from fgplugin.aggregation import Aggregation, aggregate, linear_parts
 
 from ._import_shim import import_dgl
@@ -98,7 +99,7 @@ class GraphConv(_Named, dgl_conv.GraphConv):
         if found is None or (found.zero_in_degree and not self._allow_zero_in_degree) \
                 or (weight is not None and self.weight is not None):
             return super().forward(graph, feat, weight=weight, edge_weight=edge_weight)
-        row_scale, col_scale, _ = found.adj.norm(self._norm)
+        row_scale, col_scale, _ = found.adj.norm(self._norm, dtype=aux_dtype_for(feat_src.dtype))
         aggregation = _aggregation(graph, found, edge_weight, f"GraphConv-{self._norm}", row_scale, col_scale)
         rst = aggregate(aggregation, feat_src, weight=self.weight if weight is None else weight, bias=self.bias,
                         owner=self)
@@ -121,7 +122,8 @@ class SAGEConv(_Named, dgl_conv.SAGEConv):
             feat_src = feat_dst = self.feat_drop(feat)
             if graph.is_block:
                 feat_dst = feat_src[: graph.number_of_dst_nodes()]
-        aggregation = _aggregation(graph, found, edge_weight, "SAGEConv-mean", found.adj.norm("mean").row_scale)
+        scale = found.adj.norm("mean", dtype=aux_dtype_for(feat_src.dtype)).row_scale
+        aggregation = _aggregation(graph, found, edge_weight, "SAGEConv-mean", scale)
         parts = linear_parts(self.fc_neigh)
         if parts is None:
             h_neigh = self.fc_neigh(aggregate(aggregation, feat_src, owner=self))
@@ -149,12 +151,12 @@ class SGConv(_Named, dgl_conv.SGConv):
         if found is None or (found.zero_in_degree and not self._allow_zero_in_degree) \
                 or (edge_weight is not None and bool((edge_weight <= 0).any())):
             return super().forward(graph, feat, edge_weight=edge_weight)
-        adj = found.adj
+        adj, dtype = found.adj, aux_dtype_for(feat.dtype)
         if edge_weight is None:
-            row_scale = col_scale = adj.in_degree().to(feat).clamp(min=1).rsqrt()
+            row_scale = col_scale = adj.in_degree(dtype=torch.float64).clamp(min=1).rsqrt().to(dtype)
         else:
-            row_scale = _positive_rsqrt(adj.in_degree(weighted=True))
-            col_scale = _positive_rsqrt(adj.out_degree(weighted=True))
+            row_scale = _positive_rsqrt(adj.in_degree(weighted=True, dtype=torch.float64)).to(dtype)
+            col_scale = _positive_rsqrt(adj.out_degree(weighted=True, dtype=torch.float64)).to(dtype)
         aggregation = _aggregation(graph, found, edge_weight, "SGConv", row_scale, col_scale)
         feat = aggregate(aggregation, feat, hops=self._k, owner=self)
         if self.norm is not None:

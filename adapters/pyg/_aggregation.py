@@ -14,6 +14,7 @@ from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 
 from fgplugin import Normalization, TiledAdjacency
+from fgplugin._csr import rows_of_edges
 from fgplugin.aggregation import NO_NORM, Aggregation
 
 from ._graph import Graph
@@ -43,27 +44,30 @@ def weighted(graph: Graph, values: Tensor | None) -> TiledAdjacency | None:
         return None
 
 
-def aggregation_of(graph: Graph, values: Tensor | None, norm: NormSpec, values_source=None) -> Aggregation | None:
-    """The aggregation of ``graph`` with edge ``values`` (input edge order) under ``norm``;
-    ``None`` where fgplugin refuses the values. ``values_source``: the object the values were read
-    from when each read gives a new tensor (a ``torch.sparse`` input's ``values()``); it stands
-    for them in the key (its version counter counts writes to its values)."""
+def aggregation_of(graph: Graph, values: Tensor | None, norm: NormSpec, values_source=None,
+                   dtype: torch.dtype = torch.float32) -> Aggregation | None:
+    """The aggregation of ``graph`` with edge ``values`` (input edge order) under ``norm``, its
+    scales in ``dtype`` (float64 for float64 features); ``None`` where fgplugin refuses the values.
+    ``values_source``: the object the values were read from when each read gives a new tensor (a
+    ``torch.sparse`` input's ``values()``); it stands for them in the key (its version counter
+    counts writes to its values)."""
     adj = weighted(graph, values)
     if adj is None:
         return None
-    key = (graph.adj, values if values_source is None else values_source, norm)
+    key = (graph.adj, values if values_source is None else values_source, norm, dtype)
     if norm.kind == "gcn":
-        return Aggregation(adj, gcn_scales(graph, adj, values, norm.improved, norm.add_self_loops), key)
+        return Aggregation(adj, gcn_scales(graph, adj, values, norm.improved, norm.add_self_loops, dtype), key)
     if norm.kind == "mean":
-        return Aggregation(adj, adj.norm("mean"), key)
+        return Aggregation(adj, adj.norm("mean", dtype=dtype), key)
     if norm.kind == "none":
         return Aggregation(adj, NO_NORM, key)
     raise ValueError(f"unknown normalization {norm.kind!r}; expected 'none', 'gcn' or 'mean'")
 
 
 def gcn_scales(graph: Graph, adj: TiledAdjacency, values: Tensor | None, improved: bool = False,
-               add_self_loops: bool = True) -> Normalization:
-    r"""PyG's ``gcn_norm`` of ``graph`` as ``(row_scale, col_scale, diag)`` for ``fgplugin.spmm``.
+               add_self_loops: bool = True, dtype: torch.dtype = torch.float32) -> Normalization:
+    r"""PyG's ``gcn_norm`` of ``graph`` as ``(row_scale, col_scale, diag)`` for ``fgplugin.spmm``, in
+    ``dtype`` (degrees summed in float64).
 
     ``adj`` is ``graph.adj`` carrying ``values`` (given in the input's edge order). The stock
     ``gcn_norm`` treats a node's existing self loops differently for each input kind, and so does
@@ -71,39 +75,64 @@ def gcn_scales(graph: Graph, adj: TiledAdjacency, values: Tensor | None, improve
 
     - ``edge_index`` (``add_remaining_self_loops``): with weights, a node keeps the weight of its
       (last) self loop and other loops are dropped; without weights every node gets one loop of the
-      weight the installed PyG gives unweighted graphs (see :func:`_probe_unweighted_fill`);
+      weight the installed PyG gives unweighted graphs (see :func:`_probe_unweighted_fill`: PyG 2.8
+      ignores ``improved`` there);
     - ``SparseTensor`` (``fill_diag``): every node's diagonal becomes ``fill``;
     - ``torch.sparse`` (``add_self_loops``): ``fill`` is added to every node's diagonal;
-    - ``TiledAdjacency``: fgplugin's own ``"gcn"`` normalization (existing loops kept, ``fill``
-      added where there is none).
+    - ``TiledAdjacency``: as ``edge_index``, since it holds an edge list (its own weights, in CSR
+      order), so ``model(x, data.adj_t)`` equals ``model(x, data.edge_index)``.
 
     The diagonal term ``d`` turns A's own loop entries into that (``d = kept - loops``).
     Differentiable in ``values``, with the gradients of the stock code.
     """
     if not add_self_loops:
-        return adj.norm("gcn", add_self_loops=False)
+        return adj.norm("gcn", add_self_loops=False, dtype=dtype)
+    if graph.kind == "tiled":
+        values = adj.values  # in CSR order, like the loop positions (_node_loops)
+    cacheable = values is None or not values.requires_grad  # then they depend on the adjacency alone
+    key = ("pyg_gcn_scales", graph.kind, improved, dtype)
+    if cacheable and key in adj._cache:
+        return adj._cache[key]
     fill = 2.0 if improved else 1.0
-    if graph.kind == "edge_index" and values is None:
+    if graph.kind in ("edge_index", "tiled") and values is None:
         fill = _UNWEIGHTED_FILL[improved]
-    if graph.kind == "tiled" or graph.loops.numel() == 0:
-        return adj.norm("gcn", improved=fill == 2.0)
-    n = adj.shape[0]
-    dtype = torch.float32 if values is None else values.dtype
-    loop_values = torch.ones_like(graph.loops, dtype=dtype) if values is None else values[graph.loops]
-    loops = torch.zeros(n, dtype=dtype, device=adj.device).index_add_(0, graph.loop_nodes, loop_values)
+    n, work = adj.shape[0], torch.float64
+    loops, last = _node_loops(graph, adj, values, work)
     if graph.kind == "torch.sparse":
-        diag = torch.full((n,), fill, dtype=dtype, device=adj.device)
-    elif graph.kind == "edge_index" and values is not None:
-        last = torch.full((n,), -1, dtype=torch.long, device=adj.device)
-        last = last.scatter_reduce(0, graph.loop_nodes, graph.loops, "amax")
+        diag = torch.full((n,), fill, dtype=work, device=adj.device)
+    elif graph.kind in ("edge_index", "tiled") and values is not None:
         # Detached like PyG's index_put: every loop of a node gets the gradient of the kept one.
-        diag = torch.where(last >= 0, (values[last.clamp(min=0)] - loops).detach(), fill)
+        kept = values[last.clamp(min=0)].to(work) if values.numel() else torch.zeros(n, dtype=work, device=adj.device)
+        diag = torch.where(last >= 0, (kept - loops).detach(), fill)
     else:
         diag = fill - loops
-    deg = adj.in_degree(weighted=True) + diag
+    deg = adj.in_degree(weighted=True, dtype=work) + diag
     inv_sqrt = deg.rsqrt()
-    inv_sqrt = inv_sqrt.masked_fill(inv_sqrt == float("inf"), 0.0)  # as PyG
-    return Normalization(inv_sqrt, inv_sqrt, diag)
+    inv_sqrt = inv_sqrt.masked_fill(inv_sqrt == float("inf"), 0.0).to(dtype)  # as PyG
+    scales = Normalization(inv_sqrt, inv_sqrt, diag.to(dtype))
+    if cacheable:
+        adj._cache[key] = scales
+    return scales
+
+
+def _node_loops(graph: Graph, adj: TiledAdjacency, values: Tensor | None, dtype: torch.dtype):
+    """Per node: the summed weight of its self loops, and the position (in ``values``' order) of
+    its last one, -1 without. An ``edge_index`` lists its loops when its graph is built; a
+    ``TiledAdjacency``'s are found with static shapes (no ``nonzero``), so ``torch.compile``
+    traces them without a graph break."""
+    n = adj.shape[0]
+    if graph.kind == "tiled":
+        rows = rows_of_edges(adj.rowptr, adj.nnz)
+        is_loop = rows == adj.col.long()
+        weight = is_loop.to(dtype) if values is None else is_loop * values.to(dtype)
+        positions = torch.where(is_loop, torch.arange(adj.nnz, device=adj.device), -1)
+        nodes = rows
+    else:
+        positions, nodes = graph.loops, graph.loop_nodes
+        weight = torch.ones_like(positions, dtype=dtype) if values is None else values[positions].to(dtype)
+    loops = torch.zeros(n, dtype=dtype, device=adj.device).index_add_(0, nodes, weight)
+    last = torch.full((n,), -1, dtype=torch.long, device=adj.device).scatter_reduce(0, nodes, positions, "amax")
+    return loops, last
 
 
 def _probe_unweighted_fill(improved: bool) -> float:

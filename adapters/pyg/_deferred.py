@@ -25,6 +25,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from fgplugin._csr import aux_dtype_for
 from fgplugin.aggregation import Aggregation
 from fgplugin.ops import padded_width, spmm_adjoint, spmm_vjp
 
@@ -61,9 +62,9 @@ class DeferredAggregation(NamedTuple):
                                                 self.flip, *self.norm)
 
 
-def _eager_aggregation(edge_index, edge_weight, n_src, n_dst, flip, norm: NormSpec) -> Aggregation:
+def _eager_aggregation(edge_index, edge_weight, n_src, n_dst, flip, norm: NormSpec, dtype: torch.dtype) -> Aggregation:
     graph = graph_of(edge_index, n_src, n_dst, flip, strict=True)
-    aggregation = aggregation_of(graph, edge_weight, norm)
+    aggregation = aggregation_of(graph, edge_weight, norm, dtype=dtype)
     if aggregation is None:
         raise ValueError("fgplugin: edge_weight must be finite, one float per edge; clean it (e.g. "
                          "torch.nan_to_num) before the layer")
@@ -74,7 +75,7 @@ def _eager_aggregation(edge_index, edge_weight, n_src, n_dst, flip, norm: NormSp
 def pyg_aggregate(edge_index: Tensor, edge_weight: Optional[Tensor], x: Tensor, n_src: int, n_dst: int, flip: bool,
                   norm: str, improved: bool, add_self_loops: bool) -> Tensor:
     aggregation = _eager_aggregation(edge_index, edge_weight, n_src, n_dst, flip,
-                                     NormSpec(norm, improved, add_self_loops))
+                                     NormSpec(norm, improved, add_self_loops), aux_dtype_for(x.dtype))
     with torch.no_grad():  # this op's gradient is registered below
         return aggregation(x)
 
@@ -92,7 +93,8 @@ def pyg_aggregate_backward(grad: Tensor, edge_index: Tensor, edge_weight: Option
     """(gradient of ``edge_weight`` or an empty tensor, gradient of ``x``); ``x`` is needed (and
     saved) only with ``need_weight``."""
     spec = NormSpec(norm, improved, add_self_loops)
-    aggregation = _eager_aggregation(edge_index, edge_weight, n_src, n_dst, flip, spec)
+    dtype = aux_dtype_for(grad.dtype)
+    aggregation = _eager_aggregation(edge_index, edge_weight, n_src, n_dst, flip, spec, dtype)
     if not need_weight:
         with torch.no_grad():
             return grad.new_empty(0), spmm_adjoint(aggregation.adj, grad, *aggregation.norm)
@@ -101,7 +103,7 @@ def pyg_aggregate_backward(grad: Tensor, edge_index: Tensor, edge_weight: Option
     used = [i for i, t in enumerate((aggregation.adj.values, *aggregation.norm)) if t is not None]
 
     def op_inputs(weight):  # the weights -> what the product was given (CSR values, scales)
-        weighted = _eager_aggregation(edge_index, weight, n_src, n_dst, flip, spec)
+        weighted = _eager_aggregation(edge_index, weight, n_src, n_dst, flip, spec, dtype)
         every = (weighted.adj.values, *weighted.norm)
         return tuple(every[i] for i in used)
 

@@ -82,6 +82,8 @@ def _cached_graph(source, kind, key, n_src, n_dst, flip, strict):
     if graph is None:
         try:
             graph = _build(source, kind, n_src, n_dst, flip)
+        except NodeIdError:
+            raise
         except (ValueError, TypeError, RuntimeError):
             if strict:
                 raise
@@ -123,6 +125,7 @@ def _build(source, kind: str, n_src, n_dst, flip: bool) -> Graph:
         edge_index = source.as_subclass(torch.Tensor).long()  # EdgeIndex: its data only
         if flip:
             edge_index = edge_index.flip(0)
+        _check_ids(edge_index, n_src, n_dst)
     elif kind == "SparseTensor":
         dst, src, _ = source.coo()
         n_dst, n_src = source.sparse_sizes()
@@ -134,6 +137,25 @@ def _build(source, kind: str, n_src, n_dst, flip: bool) -> Graph:
     adj = TiledAdjacency.from_edge_index(edge_index, size=(n_src, n_dst))
     loops = (edge_index[0] == edge_index[1]).nonzero().view(-1)
     return Graph(adj, kind, loops, edge_index[0, loops])
+
+
+class NodeIdError(IndexError, ValueError):
+    """Node ids that do not index the features: raised to the user with what to fix, not handed to
+    the stock code (which raises an IndexError from deep inside its scatter: hence the base)."""
+
+
+def _check_ids(edge_index: torch.Tensor, n_src: int, n_dst: int) -> None:
+    """Node ids of an ``edge_index`` must index the features (stock PyG fails deep inside its
+    scatter instead, or reads garbage on CUDA)."""
+    if not edge_index.numel():
+        return
+    smallest, largest_src, largest_dst = int(edge_index.min()), int(edge_index[0].max()), int(edge_index[1].max())
+    if smallest < 0:
+        raise ValueError(f"edge_index holds a negative node id ({smallest}); node ids must be >= 0")
+    for largest, bound, what in ((largest_src, n_src, "source"), (largest_dst, n_dst, "target")):
+        if largest >= bound:
+            raise NodeIdError(f"edge_index refers to {what} node {largest}, but the features have only {bound} "
+                               f"{what} nodes; pass features for every node id in edge_index")
 
 
 def _coalesced(adj: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@ from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 
+from fgplugin import TiledAdjacency
+from fgplugin._csr import aux_dtype_for
 from fgplugin.aggregation import Aggregation, linear_parts
 
 from ._aggregation import NONE, NormSpec, aggregation_of
@@ -28,12 +30,13 @@ LINEAR_KINDS = (Linear, torch.nn.Linear)
 
 
 def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int, flip: bool, norm: NormSpec,
-                     values_from: tuple[str, ...] = SPARSE_KINDS) -> Aggregation | DeferredAggregation | None:
+                     dtype: torch.dtype, values_from: tuple[str, ...] = SPARSE_KINDS
+                     ) -> Aggregation | DeferredAggregation | None:
     """The aggregation of a layer's graph input ``source``, or ``None`` where the stock code must
     run.
 
     The edge values are those of a sparse input whose kind is in ``values_from``, else
-    ``edge_weight``. Under ``torch.compile`` an ``edge_index`` gives a
+    ``edge_weight``; the scales are in ``dtype``, the accumulation dtype of the features. Under ``torch.compile`` an ``edge_index`` gives a
     :class:`DeferredAggregation` (built when the compiled graph runs; see _deferred.py), so
     tracing never breaks on it.
     """
@@ -43,8 +46,8 @@ def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int,
     if graph is None:
         return None
     if graph.kind not in values_from:
-        return aggregation_of(graph, edge_weight, norm)
-    return aggregation_of(graph, values_of(source), norm, source if graph.kind == "torch.sparse" else None)
+        return aggregation_of(graph, edge_weight, norm, dtype=dtype)
+    return aggregation_of(graph, values_of(source), norm, source if graph.kind == "torch.sparse" else None, dtype)
 
 
 def fits(aggregation, x: Tensor, node_dim: int, n_dst: int | None = None) -> bool:
@@ -90,11 +93,33 @@ class FgpluginLayer:
 
     def _served_aggregation(self, x, edge_index, edge_weight):
         """The aggregation for a node-feature input ``x`` of a one-node-set layer when fgplugin
-        serves this call (else ``None``: the caller runs the stock code)."""
+        serves this call (else ``None``: the caller runs the stock code). An aggregation that
+        cannot take ``x`` and that the stock code cannot take either (a ``TiledAdjacency``, a graph
+        a ``cached=True`` layer kept) is an error that says so."""
         if not (isinstance(x, Tensor) and x.dim() >= 2 and self._fgplugin_serves()):
             return None
-        aggregation = self._aggregation(x.size(self.node_dim), edge_index, edge_weight)
-        return aggregation if fits(aggregation, x, self.node_dim) else None
+        aggregation = self._aggregation(x.size(self.node_dim), edge_index, edge_weight, aux_dtype_for(x.dtype))
+        if fits(aggregation, x, self.node_dim):
+            return aggregation
+        self._refuse_misfit(aggregation, x, edge_index)
+        return None
+
+    def _refuse_misfit(self, aggregation, x: Tensor, edge_index) -> None:
+        """Raises a clear error where ``aggregation`` cannot take ``x`` and the stock code cannot
+        take the graph either (a ``TiledAdjacency``, one a ``cached=True`` layer kept)."""
+        if aggregation is None or not (isinstance(edge_index, TiledAdjacency) or self._kept_graph(aggregation)):
+            return
+        what = "the TiledAdjacency" if isinstance(edge_index, TiledAdjacency) else \
+            f"the graph this {type(self).__name__}(cached=True) kept from its first call"
+        raise ValueError(f"{type(self).__name__}: x has {x.size(self.node_dim)} nodes (dim {self.node_dim}) on "
+                         f"{x.device}, but {what} has {aggregation.shape[1]} nodes on {aggregation.device}; pass "
+                         "the features of every node of that graph"
+                         + ("" if isinstance(edge_index, TiledAdjacency) else
+                            ", or reset the cache (conv._cached_edge_index = None) before using another graph, "
+                            "as with the stock layer"))
+
+    def _kept_graph(self, aggregation) -> bool:
+        return any(getattr(self, name, None) is aggregation for name in self._graph_caches)
 
     def _stock_forward(self, *args):
         # The stock code reads its caches as normalized graphs, never as our aggregations.
@@ -108,7 +133,7 @@ class FgpluginLayer:
         (before a ``convert()``, or on a stock-path call), so the layer goes on with our kernel."""
         cache = getattr(self, name)
         source, values = (cache[0], cache[1]) if isinstance(cache, tuple) else (cache, None)
-        aggregation = make_aggregation(source, values, n, n, self.flow == "target_to_source", NONE)
+        aggregation = make_aggregation(source, values, n, n, self.flow == "target_to_source", NONE, torch.float32)
         if aggregation is not None:
             setattr(self, name, aggregation)
         return aggregation

@@ -41,7 +41,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
             return aggregate(aggregation, self.lin(x), bias=self.bias, node_dim=self.node_dim)
         return aggregate(aggregation, x, weight=parts[0], bias=self.bias, owner=self, node_dim=self.node_dim)
 
-    def _aggregation(self, n: int, edge_index, edge_weight) -> Aggregation | DeferredAggregation | None:
+    def _aggregation(self, n: int, edge_index, edge_weight, dtype) -> Aggregation | DeferredAggregation | None:
         cache_name = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"
         cache = None if isinstance(edge_index, TiledAdjacency) or not self.normalize else getattr(self, cache_name)
         if cache is not None:  # the stock semantics: the graph given now is ignored
@@ -49,7 +49,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
                 return cache
             return self._adopt_stock_cache(cache_name, n)
         norm = NormSpec("gcn", self.improved, self.add_self_loops) if self.normalize else NONE
-        aggregation = make_aggregation(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm)
+        aggregation = make_aggregation(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm, dtype)
         if aggregation is not None and self.cached and self.normalize and not isinstance(edge_index, TiledAdjacency):
             setattr(self, cache_name, aggregation)
         return aggregation

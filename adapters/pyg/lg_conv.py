@@ -30,6 +30,6 @@ class LGConv(FgpluginLayer, pyg_conv.LGConv):
             return self._stock_forward(x, edge_index, edge_weight)
         return aggregate(aggregation, x, owner=self, node_dim=self.node_dim)
 
-    def _aggregation(self, n: int, edge_index, edge_weight):
+    def _aggregation(self, n: int, edge_index, edge_weight, dtype):
         norm = NormSpec("gcn", add_self_loops=False) if self.normalize else NONE
-        return make_aggregation(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm)
+        return make_aggregation(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm, dtype)

@@ -7,6 +7,7 @@ from torch_geometric import EdgeIndex
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptPairTensor, Size
 
+from fgplugin._csr import aux_dtype_for
 from fgplugin.aggregation import aggregate
 
 from ._aggregation import MEAN
@@ -36,6 +37,7 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
             aggregation = self._aggregation(pair, edge_index, size)
         n_dst = None if aggregation is None else self._num_dst(pair, size)
         if not fits(aggregation, pair[0], self.node_dim, n_dst):
+            self._refuse_misfit(aggregation, pair[0], edge_index)
             return self._stock_forward(x, edge_index, size)
         if self.project and hasattr(self, "lin"):
             pair = (self.lin(pair[0]).relu(), pair[1])
@@ -69,4 +71,4 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
             return None
         # The stock mean ignores a SparseTensor's values but weighs torch.sparse messages.
         return make_aggregation(edge_index, None, n_src, n_dst, self.flow == "target_to_source", MEAN,
-                                values_from=("torch.sparse",))
+                                aux_dtype_for(pair[0].dtype), values_from=("torch.sparse",))

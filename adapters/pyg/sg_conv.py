@@ -41,6 +41,6 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
             self._cached_x = x
         return self.lin(x)
 
-    def _aggregation(self, n: int, edge_index, edge_weight):
+    def _aggregation(self, n: int, edge_index, edge_weight, dtype):
         norm = NormSpec("gcn", False, self.add_self_loops)
-        return make_aggregation(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm)
+        return make_aggregation(edge_index, edge_weight, n, n, self.flow == "target_to_source", norm, dtype)

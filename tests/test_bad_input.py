@@ -1,0 +1,153 @@
+"""Bad input and damaged files: a clear error naming the problem and the fix, or the right answer;
+never a crash, a hang or a silently wrong result. (The malformed-argument fuzz of the ops is
+test_fuzz.py; saved adjacencies that were damaged, test_tiling.py.)"""
+import warnings
+
+import pytest
+import torch
+
+import fgplugin
+from fgplugin import TiledAdjacency
+from fgplugin.cache import CacheWarning
+
+EDGES = torch.tensor([[0, 1, 2, 3, 3], [1, 2, 3, 0, 3]])
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("col", 50_000_000, "refers to source node 50000000 but x has 4 rows"),
+    ("col", -1, "negative node id"),
+    ("rowptr", 9, "rowptr is not a row pointer"),
+])
+def test_an_adjacency_edited_after_loading_is_refused_before_a_kernel_reads_it(tmp_path, field, value, match):
+    path = tmp_path / "adj.pt"
+    torch.save(TiledAdjacency.from_edge_index(EDGES, 4), path)
+    adj = torch.load(path, weights_only=True)
+    x = torch.randn(4, 3)
+    fgplugin.spmm(adj, x)  # checked and remembered
+    getattr(adj, field)[2] = value  # an in-place write: the next product checks again
+    with pytest.raises(RuntimeError, match=match):
+        fgplugin.spmm(adj, x)
+
+
+def test_second_derivatives_through_edge_weights_match_dense_autograd():
+    """The gradient of ||dL/dw||^2 with respect to x and to w (double backward through the
+    sddmm that gives dL/dw) equals dense float64 autograd's, never silently zero."""
+    torch.manual_seed(0)
+    ei = torch.tensor([[0, 1, 2, 3, 1], [1, 2, 3, 0, 3]])
+    w0, x0 = torch.rand(5, dtype=torch.float64) + 0.5, torch.randn(4, 3, dtype=torch.float64)
+    adj = TiledAdjacency.from_edge_index(ei, 4)
+
+    def grads(product):
+        w, x = w0.clone().requires_grad_(), x0.clone().requires_grad_()
+        loss = product(w, x).square().sum()
+        (gw,) = torch.autograd.grad(loss, w, create_graph=True)
+        return torch.autograd.grad(gw.square().sum(), (x, w))
+
+    def dense(w, x):
+        a = torch.zeros(4, 4, dtype=torch.float64).index_put((ei[1], ei[0]), w, accumulate=True)
+        return a @ x
+
+    ours, want = grads(lambda w, x: fgplugin.spmm(adj.with_values(w), x)), grads(dense)
+    for got, ref in zip(ours, want):
+        assert ref.abs().max() > 0 and torch.allclose(got, ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("num_nodes, error, match", [
+    (5.7, TypeError, "whole number of nodes"),
+    (True, TypeError, "whole number of nodes"),
+    (torch.tensor(4.0), TypeError, "whole number of nodes"),
+    (-1, ValueError, ">= 0"),
+    (2, ValueError, "pass num_nodes >= 4"),
+])
+def test_node_counts_are_whole_and_large_enough(num_nodes, error, match):
+    with pytest.raises(error, match=match):
+        TiledAdjacency.from_edge_index(EDGES, num_nodes)
+
+
+def test_huge_ids_without_num_nodes_are_refused_at_once():
+    """Ids from a larger graph and no num_nodes: a clear error, not a 17 GB allocation."""
+    with pytest.raises(ValueError, match="(?i)pass num_nodes if the graph really has that many nodes, or relabel"):
+        TiledAdjacency.from_edge_index(torch.tensor([[0, 3_000_000_000], [1, 2]]))
+
+
+def test_pyg_layers_name_a_feature_count_that_does_not_fit_the_graph():
+    import fgplugin.pyg as fp
+
+    adj = TiledAdjacency.from_edge_index(EDGES, 4)
+    for conv in (fp.GCNConv(3, 2), fp.SAGEConv(3, 2), fp.SGConv(3, 2), fp.LGConv()):
+        with pytest.raises(ValueError, match="x has 6 nodes .* but the TiledAdjacency has 4 nodes"):
+            conv(torch.randn(6, 3), adj)
+    with pytest.raises(ValueError, match="refers to source node 3, but the features have only 3"):
+        fp.GCNConv(3, 2)(torch.randn(3, 3), EDGES)
+
+
+def test_cached_layer_keeps_its_first_graph_like_stock():
+    """A cached=True layer keeps the graph of its first call: another graph's features are an
+    error that says so (stock PyG uses the kept graph too, and fails or computes with it), and the
+    first graph still works afterwards."""
+    import fgplugin.pyg as fp
+
+    conv = fp.GCNConv(3, 2, cached=True)
+    x = torch.randn(4, 3)
+    first = conv(x, EDGES)
+    with pytest.raises(ValueError, match="kept from its first call has 4 nodes"):
+        conv(torch.randn(7, 3), torch.tensor([[0, 6], [6, 0]]))
+    assert torch.allclose(conv(x, EDGES), first, atol=1e-6)
+    assert torch.allclose(conv(x, torch.tensor([[0], [1]])), first, atol=1e-6)  # as stock: this graph is ignored
+
+
+def test_dgl_layers_take_a_graph_without_nodes():
+    """DGL's HeteroGraphConv hands empty node types to its layers: stock returns empty results."""
+    import fgplugin.dgl as fd
+
+    dgl = fd.import_dgl()
+    empty = dgl.graph((torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)), num_nodes=0)
+    layers = [lambda m: m.GraphConv(5, 3, allow_zero_in_degree=True), lambda m: m.SAGEConv(5, 3, "mean"),
+              lambda m: m.SGConv(5, 3, allow_zero_in_degree=True)]
+    for make in layers:
+        stock, ours = make(dgl.nn), make(fd)
+        ours.load_state_dict(stock.state_dict())
+        assert ours(empty, torch.randn(0, 5)).shape == stock(empty, torch.randn(0, 5)).shape == (0, 3)
+    hetero = dgl.heterograph({("user", "follows", "user"): (torch.tensor([0, 1]), torch.tensor([1, 2])),
+                              ("item", "bought_by", "user"): (torch.zeros(0, dtype=torch.long),
+                                                               torch.zeros(0, dtype=torch.long))},
+                             num_nodes_dict={"user": 3, "item": 0})
+    conv = dgl.nn.HeteroGraphConv({"follows": fd.GraphConv(5, 3, allow_zero_in_degree=True),
+                                   "bought_by": fd.GraphConv(5, 3, allow_zero_in_degree=True)})
+    out = conv(hetero, {"user": torch.randn(3, 5), "item": torch.randn(0, 5)})
+    assert out["user"].shape == (3, 3)
+
+
+def test_a_read_only_cache_folder_costs_the_cache_not_the_result(tmp_path, monkeypatch):
+    from fgplugin import cache
+    from fgplugin.preprocess import reorder_graph
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cache, "save_entry", refuse)
+    edge_index = torch.randint(0, 50, (2, 300), generator=torch.Generator().manual_seed(3))
+    with pytest.warns(CacheWarning, match="could not write its cache entry"):
+        adj = reorder_graph(edge_index, 50, cache=tmp_path)
+    assert torch.equal(adj.perm, reorder_graph(edge_index, 50).perm)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.undo()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        adj = reorder_graph(edge_index, 50, cache=blocked)  # the cache folder is a file
+    assert adj.shape == (50, 50) and any(issubclass(w.category, CacheWarning) for w in caught)
+
+
+def test_an_in_place_write_to_edge_index_is_seen():
+    """The layers build a graph's structure once per edge_index tensor and again after an in-place
+    write that torch counts (a write through .numpy() or .data is not seen: docs/design.md)."""
+    import fgplugin.pyg as fp
+
+    conv = fp.GCNConv(3, 2)
+    edge_index = EDGES.clone()
+    x = torch.randn(4, 3)
+    before = conv(x, edge_index)
+    edge_index[0, 0] = 2
+    assert not torch.allclose(conv(x, edge_index), before)
+    assert torch.allclose(conv(x, edge_index), conv(x, edge_index.clone()))
