@@ -37,13 +37,6 @@ docs/benchmarks.md for the method.
 The ``threshold`` suite is the ``fgplugin`` and fixed-threshold rows at F = 128, fp32 (by default
 it runs only those); its result adds ``auto_vs_best``: per graph, order and op, auto's time over
 the best fixed threshold's. ``fgplugin bench spmm`` writes both result files.
-
-Core calls (kept in few places, for when the core API moves): :func:`spmm_op` (the
-``fgplugin::spmm`` op with a ``KernelPlan``'s ``buffer`` and ``layout``), :func:`plans_at`
-(``TiledAdjacency.with_tiles`` and ``kernel_plan``), :class:`GraphRun`
-(``TiledAdjacency.from_edge_index``, ``norm("gcn")``, ``transpose()``, ``dense_share``,
-``fgplugin._csr.rows_of_edges``) and :func:`bench_graph` (``fgplugin.autotune.choose_threshold``,
-``KernelPlan.stats``).
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ the column blocks ``J_k = {j : j % r == k}``. Two kinds of groups:
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -127,21 +128,46 @@ class ShardingContext:
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         q = self.num_blocks
         # Every rank creates every group, in the same order (new_group is collective).
-        self.row_group = None
+        row_group = None
         if r > 1:
             for g in range(q):
                 group = dist.new_group([g * r + k for k in range(r)])
                 if g == self.block:
-                    self.row_group = group
-        self.col_group, self.col_ranks = dist.group.WORLD, list(range(p))
+                    row_group = group
+        col_group, self.col_ranks = dist.group.WORLD, list(range(p))
         if r > 1:
             for k in range(r):
                 ranks = [g * r + k for g in range(q)]
                 group = dist.new_group(ranks)
                 if k == self.replica:
-                    self.col_group, self.col_ranks = group, ranks
+                    col_group, self.col_ranks = group, ranks
+        # The groups are held weakly: torch.distributed owns them until destroy_process_group(),
+        # and a group object that outlives it (held here by a graph that lives to the end of the
+        # script) is destroyed at interpreter exit instead, where gloo's aborts the process about
+        # once in three runs of a 2-rank script ("terminate called without an active exception").
+        self._row_group = None if row_group is None else weakref.ref(row_group)
+        self._col_group = weakref.ref(col_group)
         # Column blocks this rank multiplies: those of its column group.
         self.col_blocks = [j for j in range(q) if j % r == self.replica]
+
+    @property
+    def row_group(self):
+        """The process group of this rank's row block (its replicas), or ``None`` in 1D."""
+        return None if self._row_group is None else self._group(self._row_group)
+
+    @property
+    def col_group(self):
+        """The process group of this rank's column group (the world in 1D)."""
+        return self._group(self._col_group)
+
+    @staticmethod
+    def _group(ref):
+        group = ref()
+        if group is None:
+            raise RuntimeError("fgplugin.distributed: the process group of this ShardingContext was destroyed "
+                               "(torch.distributed.destroy_process_group()); initialize again and build a new "
+                               "ShardingContext and ShardedGraph")
+        return group
 
     @property
     def scheme(self) -> str:
