@@ -79,6 +79,25 @@ def register_python_parts() -> None:
     for name, function in (("spmm", _SpmmAutograd), ("sddmm", _SddmmAutograd)):
         _autograd_library.impl(name, _autograd_kernel(getattr(torch.ops.fgplugin, name).default, function),
                                "Autograd", with_keyset=True)
+    for device_type in ("cpu", "cuda"):
+        key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+        _autograd_library.impl("spmm", _autocast_kernel(device_type, getattr(torch._C.DispatchKey, key)), key,
+                               with_keyset=True)
+
+
+def _autocast_kernel(device_type: str, dispatch_key):
+    """spmm under ``torch.autocast``: float32 features are aggregated in the autocast dtype (bf16 or
+    fp16, accumulated in float32 by the kernels); the edge weights and scales stay float32, which
+    ``torch.library.register_autocast`` would cast too."""
+
+    def kernel(_keyset, *args):
+        x = args[3]
+        if x.dtype == torch.float32 and x.device.type == device_type:
+            args = (*args[:3], x.to(torch.get_autocast_dtype(device_type)), *args[4:])
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(dispatch_key)):
+            return torch.ops.fgplugin.spmm.default(*args)
+
+    return kernel
 
 
 def _autograd_kernel(op, function):

@@ -271,3 +271,27 @@ def test_pad_columns_kernel(device, dtype, rows, cols, width):
                        torch.cat([wide, wide.new_zeros(rows, width - cols)], dim=1))
     with pytest.raises(RuntimeError, match="width 2 is below x's"):
         torch.ops.fgplugin.pad_columns(torch.zeros(4, 3, device=device, dtype=dtype), 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_aggregates_in_16_bits_with_float32_scales(device, dtype):
+    """Under torch.autocast a float32 x is aggregated in the autocast dtype (the kernels accumulate
+    in float32; edge weights and scales stay float32): forward and backward against float64."""
+    case = random_graph_case(21, n_src=300, avg_degree=8.0)
+    adj = case.adjacency().to(device)
+    scales = adj.norm("gcn")
+    dense = case.dense()
+    operator = torch.diag(scales[0].double().cpu()) @ (dense + torch.diag(scales[2].double().cpu())) \
+        @ torch.diag(scales[1].double().cpu())
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(300, 24, generator=g).to(device).requires_grad_()
+    upstream = torch.randn(300, 24, generator=g)
+    with torch.autocast(device, dtype=dtype):
+        out = fgplugin.spmm(adj, x, *scales)
+    assert out.dtype == dtype
+    (grad,) = torch.autograd.grad(out, x, upstream.to(device, dtype))
+    assert grad.dtype == torch.float32
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-2
+    assert rel_error(out.float().cpu(), operator @ x.detach().double().cpu()) <= tol
+    assert rel_error(grad.cpu(), operator.t() @ upstream.double()) <= tol
