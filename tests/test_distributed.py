@@ -592,6 +592,38 @@ def test_a_sharding_context_does_not_keep_its_process_group_past_destroy():
         ctx.col_group
 
 
+_TRAIN_THEN_DESTROY = """
+import gc, weakref, torch, torch.distributed as dist
+from fgplugin.distributed import DistGCN, DistributedTrainer, ShardedGraph, ShardingContext
+from fgplugin.datasets import community_graph
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+world = weakref.ref(dist.group.WORLD)
+data = community_graph("tiny", seed=0)
+graph = ShardedGraph.from_edge_index(ShardingContext(), data.edge_index, data.num_nodes)
+model = DistGCN((data.x.shape[1], 8, data.num_classes))
+trainer = DistributedTrainer(model, graph, graph.rows(data.x), graph.rows(data.y), graph.rows(data.train_mask),
+                             torch.optim.Adam(model.parameters(), lr=0.01))
+trainer.step()
+dist.destroy_process_group()
+gc.collect()
+print("group alive after destroy:", world() is not None)
+"""
+
+
+def test_training_does_not_keep_the_default_group_past_destroy():
+    """An optimizer imports torch._dynamo, which imports torch.distributed.nn.functional; if that
+    happens after init_process_group, its ``group=group.WORLD`` defaults keep the default group
+    alive until interpreter exit (where gloo can abort). fgplugin.distributed imports it first.
+    A fresh interpreter, so that nothing imported it before."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _TRAIN_THEN_DESTROY.format(port=_free_port())],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "group alive after destroy: False" in done.stdout, done.stdout + done.stderr[-3000:]
+
+
 def test_replication_must_fit_world(cora_path):
     # Pure argument checks: they need an initialized group; one process suffices.
     port = _free_port()

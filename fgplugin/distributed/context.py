@@ -19,6 +19,12 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+# torch.distributed.nn.functional binds ``group=group.WORLD`` as default arguments when first
+# imported, and torch._dynamo (which any optimizer imports) imports it. Imported after
+# init_process_group, it keeps the default group alive past destroy_process_group() until
+# interpreter exit, where destroying a gloo group can abort the process ("terminate called
+# without an active exception"). Imported now, before any group exists, its defaults are None.
+import torch.distributed.nn.functional  # noqa: F401
 
 from ..config import dist_timeout_s
 
