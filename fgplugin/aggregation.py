@@ -60,7 +60,9 @@ class Aggregation(NamedTuple):
     @classmethod
     def of(cls, adj: TiledAdjacency, norm: str = "gcn", **options) -> "Aggregation":
         """The product of ``adj`` under the normalization ``norm`` (``adj.norm(norm, **options)``;
-        ``"none"`` for the plain sum), keyed by the adjacency and the normalization."""
+        ``"none"`` for the plain sum), keyed by the adjacency and the normalization. The scales are
+        float64 unless ``dtype`` is given: pass the features' (``torch.float32`` for float32 and
+        16-bit training) to save a cast per product."""
         scales = NO_NORM if norm == "none" else adj.norm(norm, **options)
         return cls(adj, scales, (adj, adj.values, norm, tuple(sorted(options.items()))))
 

@@ -44,38 +44,52 @@ class Normalization(NamedTuple):
 
 
 def normalization(adj, kind: str = "gcn", *, add_self_loops: bool = True, improved: bool = False,
-                  dtype: torch.dtype = torch.float32) -> Normalization:
-    """Scales of normalization ``kind`` for ``adj`` (see the module docstring) in ``dtype`` (that
-    of the features they scale: float64 features want float64 scales); O(nnz) once. Degrees are
-    summed in float64, so float32 scales are correctly rounded too."""
+                  dtype: torch.dtype | None = None) -> Normalization:
+    """Scales of normalization ``kind`` for ``adj`` (see the module docstring); O(nnz) once.
+
+    By default they are float64, exact to float64 rounding, and ``spmm`` rounds them to the
+    precision of the features it multiplies (float32 for float32 and 16-bit features), so float64
+    features get float64 accuracy. ``dtype=torch.float32`` gives them in the kernels' float32 and
+    saves that cast on every call: the layers ask for the dtype of their features."""
     if kind not in KINDS:
         raise ValueError(f"unknown normalization {kind!r}; expected one of {KINDS}")
+    dtype = dtype or torch.float64
     if kind == "gcn":
-        return _as(_gcn(adj, add_self_loops, improved), dtype)
-    in_deg = adj.in_degree(dtype=torch.float64).clamp(min=1)
-    if kind == "mean" or kind == "right":
-        scales = Normalization(in_deg.reciprocal(), None, None)
+        if not adj.is_square:
+            raise ValueError(f"GCN normalization needs a square adjacency (one node set), got shape {adj.shape}")
+        return scales_of_degrees(kind, adj.in_degree(weighted=True, dtype=torch.float64),
+                                 self_loop=adj.self_loop_mask() if add_self_loops else None, improved=improved,
+                                 dtype=dtype)
+    in_deg = adj.in_degree(dtype=torch.float64) if kind in ("mean", "right", "both") else None
+    out_deg = adj.out_degree(dtype=torch.float64) if kind in ("left", "both") else None
+    return scales_of_degrees(kind, in_deg, out_deg, dtype=dtype)
+
+
+def scales_of_degrees(kind: str, in_degree: torch.Tensor | None, out_degree: torch.Tensor | None = None, *,
+                      self_loop: torch.Tensor | None = None, improved: bool = False,
+                      dtype: torch.dtype = torch.float32) -> Normalization:
+    """The scales of ``kind`` from the (float64) degrees: ``in_degree`` (weighted for ``gcn``),
+    ``out_degree`` for ``left`` and ``both``, and for ``gcn`` which nodes already have a self loop
+    (``None``: add no loops). Computed in float64 and rounded once to ``dtype``, so every path that
+    has the same degrees (one process or sharded) gets the same scales."""
+    if kind == "gcn":
+        diag = None
+        deg = in_degree.to(torch.float64)
+        if self_loop is not None:
+            diag = (~self_loop.bool()).to(torch.float64) * (2.0 if improved else 1.0)
+            deg = deg + diag
+        inv_sqrt = deg.rsqrt()
+        inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)  # isolated nodes: zero, as PyG
+        scales = Normalization(inv_sqrt, inv_sqrt, diag)
+    elif kind == "mean" or kind == "right":
+        scales = Normalization(in_degree.to(torch.float64).clamp(min=1).reciprocal(), None, None)
     elif kind == "left":
-        scales = Normalization(None, adj.out_degree(dtype=torch.float64).clamp(min=1).reciprocal(), None)
+        scales = Normalization(None, out_degree.to(torch.float64).clamp(min=1).reciprocal(), None)
     elif kind == "both":
-        scales = Normalization(in_deg.rsqrt(), adj.out_degree(dtype=torch.float64).clamp(min=1).rsqrt(), None)
+        scales = Normalization(in_degree.to(torch.float64).clamp(min=1).rsqrt(),
+                               out_degree.to(torch.float64).clamp(min=1).rsqrt(), None)
     else:
         scales = Normalization(None, None, None)
-    return _as(scales, dtype)
-
-
-def _as(scales: Normalization, dtype: torch.dtype) -> Normalization:
-    return Normalization(*(None if t is None else t.to(dtype) for t in scales))
-
-
-def _gcn(adj, add_self_loops: bool, improved: bool) -> Normalization:
-    if not adj.is_square:
-        raise ValueError(f"GCN normalization needs a square adjacency (one node set), got shape {adj.shape}")
-    deg = adj.in_degree(weighted=True, dtype=torch.float64)
-    diag = None
-    if add_self_loops:
-        diag = (~adj.self_loop_mask()).to(deg.dtype) * (2.0 if improved else 1.0)
-        deg = deg + diag
-    inv_sqrt = deg.rsqrt()
-    inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)  # isolated nodes: zero, as PyG
-    return Normalization(inv_sqrt, inv_sqrt, diag)
+    row, col, diag = (None if t is None else t.to(dtype) for t in scales)
+    # One tensor where both scales are one (gcn): consumers test `col_scale is row_scale`.
+    return Normalization(row, row if scales.col_scale is scales.row_scale else col, diag)

@@ -14,8 +14,10 @@ from ._csr import aux_dtype_for, rows_of_edges
 
 def spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag, plan=None, plan_layout=(), t_rowptr=None,
                    t_col=None, t_values=None, t_plan=None, t_plan_layout=()):
-    """out = diag(row_scale) . (A + diag(diag)) . diag(col_scale) . x, accumulated in the aux dtype."""
+    """out = diag(row_scale) . (A + diag(diag)) . diag(col_scale) . x, accumulated in the aux dtype
+    (values and scales are rounded to it, as fgplugin.spmm does)."""
     acc = aux_dtype_for(x.dtype)
+    values, row_scale, col_scale, diag = (None if t is None else t.to(acc) for t in (values, row_scale, col_scale, diag))
     n_rows = rowptr.numel() - 1
     xs = x.to(acc)
     if col_scale is not None:

@@ -332,7 +332,8 @@ class TiledAdjacency:
 
     def norm(self, kind: str = "gcn", **options):
         """Row/column scales and diagonal of a normalization, cached: see fgplugin.normalization
-        (``dtype=torch.float64`` for float64 features; float32 by default)."""
+        (float64 by default; ``dtype=torch.float32`` for float32 or 16-bit features saves a cast
+        per ``spmm`` call)."""
         key = (kind, tuple(sorted(options.items())))
         cached = self._cache.get(key)
         if cached is None:

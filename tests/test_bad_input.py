@@ -52,6 +52,30 @@ def test_second_derivatives_through_edge_weights_match_dense_autograd():
         assert ref.abs().max() > 0 and torch.allclose(got, ref, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["gcn", "both", "right", "left", "mean"])
+def test_float64_features_get_float64_accuracy_from_default_scales(kind):
+    """``spmm(adj, x, *adj.norm(kind))`` with float64 ``x`` is exact to float64 rounding (the
+    default scales are float64), where float32 scales would be off by about 1e-7."""
+    g = torch.Generator().manual_seed(5)
+    edges = torch.randint(0, 30, (2, 120), generator=g)
+    adj = TiledAdjacency.from_edge_index(edges, 30)
+    x = torch.randn(30, 4, generator=g, dtype=torch.float64)
+    a = torch.zeros(30, 30, dtype=torch.float64).index_put((edges[1], edges[0]), torch.ones(120, dtype=torch.float64),
+                                                           accumulate=True)
+    in_deg, out_deg = a.sum(1), a.sum(0)
+    if kind == "gcn":
+        a = a + torch.diag((a.diagonal() == 0).double())
+        ref = a.sum(1).rsqrt()[:, None] * a * a.sum(1).rsqrt()[None, :] @ x
+    elif kind in ("right", "mean"):
+        ref = (a / in_deg.clamp(min=1)[:, None]) @ x
+    elif kind == "left":
+        ref = (a / out_deg.clamp(min=1)[None, :]) @ x
+    else:
+        ref = in_deg.clamp(min=1).rsqrt()[:, None] * a * out_deg.clamp(min=1).rsqrt()[None, :] @ x
+    out = fgplugin.spmm(adj, x, *adj.norm(kind))
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-13
+
+
 @pytest.mark.parametrize("num_nodes, error, match", [
     (5.7, TypeError, "whole number of nodes"),
     (True, TypeError, "whole number of nodes"),

@@ -423,7 +423,8 @@ def _run_single(data, perm, label, args, device) -> dict:
         ei, x, y, train = data.edge_index, data.x, data.y, data.train_mask
         if perm is not None:
             ei, x, y, train = inverse_permutation(perm)[ei], x[perm], y[perm], train[perm]
-        graph = Aggregation.of(TiledAdjacency.from_edge_index(ei, data.num_nodes))  # the GCN-normalized product
+        # The GCN-normalized product, its scales in the features' float32 as the distributed graph's.
+        graph = Aggregation.of(TiledAdjacency.from_edge_index(ei, data.num_nodes), dtype=torch.float32)
         del ei
         idx = train.nonzero().squeeze(1)
         model = DistGCN((data.num_features, row["hidden"], data.num_classes)).to(device)

@@ -180,7 +180,7 @@ class GraphRun:
 
         self.name, self.order, self.n = name, order, n
         self.adj = TiledAdjacency.from_edge_index(edge_index, n, keep_edge_order=False)
-        self.r, self.c, self.d = self.adj.norm("gcn")
+        self.r, self.c, self.d = self.adj.norm("gcn", dtype=torch.float32)  # the kernels' scale dtype
         self.t_rowptr, self.t_col, _ = self.adj.transpose()
         self.symmetric = self.t_rowptr is self.adj.rowptr and self.t_col is self.adj.col
         self.nnz = self.adj.nnz

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
+from ..normalization import scales_of_degrees
 from ..ops import padded_width, spmm, spmm_skipping_zero_rows
 from ..tile_density import DEFAULT_THRESHOLD
 from ..tiling import TiledAdjacency
@@ -96,7 +97,9 @@ class ShardedGraph:
             over it replaces one per block: each of those wrote and re-added a full ``[n_g, F]``
             output and launched work for all ``n_g`` rows, which doubled the per-rank SpMM time
             on 4 GPUs (products-like: 16 ms against 8 ms ideal).
-        row_scale: ``[n_g]`` row scale of the normalization (or ``None``).
+        row_scale: ``[n_g]`` row scale of the normalization (or ``None``). The scales are float32,
+            the kernels' type, whatever the features' dtype: float64 training gets scales rounded
+            to float32 (relative error about 1e-7), unlike ``TiledAdjacency.norm``'s float64.
         send_rows, send_slices: sparse mode: the rows of this block that the other members of the
             column group read, stacked by member block ``k``, and ``send_slices[k] = (offset,
             count)``; one gather packs every send (one scatter-add unpacks what the transposed
@@ -228,17 +231,21 @@ class ShardedGraph:
 
         # Degrees of the whole graph: this rank owns full rows, so its edges give its rows'
         # in-degrees and self loops exactly; one all-reduce (replica 0 of each block adds) spreads them.
-        stats = torch.zeros(3, n, dtype=torch.float32, device=device)
+        stats = torch.zeros(3, n, dtype=torch.float64, device=device)
         if ctx.replica == 0:
-            stats[0, s:s + n_own] = torch.bincount(dst, minlength=n_own).to(torch.float32)
+            stats[0, s:s + n_own] = torch.bincount(dst, minlength=n_own).to(torch.float64)
             loops = dst[src == dst + s]
             stats[1, s:s + n_own].index_fill_(0, loops, 1.0)
             if norm == "both":
-                stats[2] = torch.bincount(src, minlength=n).to(torch.float32)
+                stats[2] = torch.bincount(src, minlength=n).to(torch.float64)
         asymmetric = torch.tensor([0 if symmetric else 1], dtype=torch.long, device=device)
         dist.all_reduce(stats)
         dist.all_reduce(asymmetric)
-        row_scale, col_scale, diag = _normalization(stats, norm, improved)
+        # The same float64 degrees as a single process's normalization, so the same float32 scales
+        # as its norm(dtype=torch.float32).
+        in_deg, has_loop, out_deg = stats
+        row_scale, col_scale, diag = scales_of_degrees(norm, in_deg, out_deg, self_loop=has_loop > 0,
+                                                       improved=improved)
         del stats
         # Symmetric structure and equal row and column scales: the normalized blocks satisfy
         # A_gj^T = A_jg, so the backward runs the forward product and needs no transposed blocks.
@@ -622,20 +629,6 @@ def dist_spmm(graph: ShardedGraph, h: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- helpers
-def _normalization(stats: torch.Tensor, norm: str, improved: bool):
-    in_deg, has_loop, out_deg = stats
-    if norm == "gcn":
-        diag = (1.0 - has_loop) * (2.0 if improved else 1.0)
-        inv_sqrt = (in_deg + diag).rsqrt()
-        inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)
-        return inv_sqrt, inv_sqrt, diag
-    if norm == "mean":
-        return in_deg.clamp(min=1).reciprocal(), None, None
-    if norm == "both":
-        return in_deg.clamp(min=1).rsqrt(), out_deg.clamp(min=1).rsqrt(), None
-    return None, None, None
-
-
 def _is_symmetric(adj: TiledAdjacency) -> bool:
     if not adj.is_square:
         return False
