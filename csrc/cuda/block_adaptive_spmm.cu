@@ -538,12 +538,22 @@ __device__ __forceinline__ void remainder_entry(const SparseParams<scalar_t, ind
   if (p.cs != nullptr) w *= p.cs[j];
 }
 
-// acc += sum_u ww[u] * x[jj[u], f : f + V] over the entries with ok[u]; the 4 rows are loaded
-// before their FMAs, so their loads are in flight together.
-template <int V, typename scalar_t, typename index_t>
-__device__ __forceinline__ void gather4(const SparseParams<scalar_t, index_t>& p, int64_t f, const index_t (&jj)[4],
-                                        const float (&ww)[4], const bool (&ok)[4], float (&acc)[V]) {
+// acc += sum_u w_u * x[j_u, f : f + V] over four entries of a batch held one per lane (column j,
+// weight w): entry u comes from lane src_lane(u) and counts where valid(u). The 4 rows are
+// loaded before their FMAs, so their loads are in flight together.
+template <int V, typename scalar_t, typename index_t, typename SrcLane, typename Valid>
+__device__ __forceinline__ void gather4(const SparseParams<scalar_t, index_t>& p, int64_t f, index_t j, float w,
+                                        SrcLane src_lane, Valid valid, float (&acc)[V]) {
   using IO = VecIO<scalar_t, V>;
+  index_t jj[4];
+  float ww[4];
+  bool ok[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    jj[u] = __shfl_sync(kFull, j, src_lane(u));
+    ww[u] = __shfl_sync(kFull, w, src_lane(u));
+    ok[u] = valid(u);
+  }
   float xv[4][V];
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
@@ -614,17 +624,8 @@ __device__ __forceinline__ void sparse_item(const SparseParams<scalar_t, index_t
       const int n = static_cast<int>(e - base < 32 ? e - base : 32);
       const int iters = (n + G - 1) / G;
       for (int kk = 0; kk < iters; kk += 4) {
-        index_t jj[4];
-        float ww[4];
-        bool ok[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int k = (kk + u) * G + grp;
-          jj[u] = __shfl_sync(kFull, j, k & 31);
-          ww[u] = __shfl_sync(kFull, w, k & 31);
-          ok[u] = active && k < n;
-        }
-        gather4<V>(p, f, jj, ww, ok, acc);
+        gather4<V>(p, f, j, w, [=](int u) { return ((kk + u) * G + grp) & 31; },
+                   [=](int u) { return active && (kk + u) * G + grp < n; }, acc);
       }
     }
     for (int off = L; off < 32; off <<= 1) {
@@ -669,17 +670,8 @@ __device__ __forceinline__ void sparse_items_grouped(const SparseParams<scalar_t
     const int n = len - base;                    // this group's entries in the batch (may be <= 0)
     const int steps = min(longest - base, L);    // the same in the whole warp
     for (int kk = 0; kk < steps; kk += 4) {
-      index_t jj[4];
-      float ww[4];
-      bool ok[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int k = kk + u;
-        jj[u] = __shfl_sync(kFull, j, grp * L + (k & (L - 1)));
-        ww[u] = __shfl_sync(kFull, w, grp * L + (k & (L - 1)));
-        ok[u] = active && k < n && k < L;
-      }
-      gather4<V>(p, f, jj, ww, ok, acc);
+      gather4<V>(p, f, j, w, [=](int u) { return grp * L + ((kk + u) & (L - 1)); },
+                 [=](int u) { return active && kk + u < n && kk + u < L; }, acc);
     }
   }
   if (active) finish_item<V>(p, row, slot, p.dpanel_dense[row >> 5] != 0, f, acc);
