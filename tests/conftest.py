@@ -25,7 +25,20 @@ def require_data_dir() -> Path:
         why = f"{ENV_VAR}={folder} is not a folder"
     else:
         why = f"{ENV_VAR}={folder} holds no .npz files"
-    msg = f"real graph data not found: {why}; set {ENV_VAR} to the folder holding the .npz graphs"
+    _fail_in_ci_else_skip(f"real graph data not found: {why}; set {ENV_VAR} to the folder holding the .npz graphs")
+
+
+def require_dgl():
+    """For tests needing DGL: the ``dgl`` module through fgplugin's import shim, else skip
+    (locally) or fail (in CI, which installs DGL)."""
+    try:
+        import fgplugin.dgl as fd
+        return fd.import_dgl()
+    except ImportError as err:
+        _fail_in_ci_else_skip(f"DGL is not usable here: {err}")
+
+
+def _fail_in_ci_else_skip(msg: str):
     if os.environ.get("CI", "").strip().lower() in ("true", "1"):
         pytest.fail(msg)
     pytest.skip(msg)

@@ -10,6 +10,8 @@ import fgplugin
 from fgplugin import TiledAdjacency
 from fgplugin.cache import CacheWarning
 
+from conftest import require_dgl
+
 EDGES = torch.tensor([[0, 1, 2, 3, 3], [1, 2, 3, 0, 3]])
 
 
@@ -122,9 +124,8 @@ def test_cached_layer_keeps_its_first_graph_like_stock():
 
 def test_dgl_layers_take_a_graph_without_nodes():
     """DGL's HeteroGraphConv hands empty node types to its layers: stock returns empty results."""
-    fd = pytest.importorskip("fgplugin.dgl", reason="needs DGL (pip install fgplugin[dgl])")
-
-    dgl = fd.import_dgl()
+    dgl = require_dgl()
+    import fgplugin.dgl as fd
     empty = dgl.graph((torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)), num_nodes=0)
     layers = [lambda m: m.GraphConv(5, 3, allow_zero_in_degree=True), lambda m: m.SAGEConv(5, 3, "mean"),
               lambda m: m.SGConv(5, 3, allow_zero_in_degree=True)]
