@@ -327,6 +327,24 @@ def test_accuracy_suite_runs_every_impl_on_every_order():
         assert r["value"] == pytest.approx(sum(r["values"]) / 2)
 
 
+def test_accuracy_suite_trains_under_autocast(tmp_path):
+    """--precisions bf16,fp16 trains every impl with torch.autocast around the forward: one row per
+    precision, labelled, in the summary's columns."""
+    pytest.importorskip("torch_geometric")
+    from fgplugin.bench.cli import main
+
+    assert main(["accuracy", "--graphs", "tiny", "--impls", "pyg-edge_index,fgplugin", "--orders", "original",
+                 "--seeds", "0", "--epochs", "3", "--precisions", "fp32,bf16,fp16", "--device", "cpu",
+                 "--out", str(tmp_path), "--no-progress"]) == 0
+    res = json.loads((tmp_path / "accuracy.json").read_text())
+    assert {(r["impl"], r["precision"]) for r in res["rows"]} == {
+        (i, p) for i in ("pyg-edge_index", "fgplugin") for p in ("fp32", "bf16", "fp16")}
+    assert all(0.0 <= r["value"] <= 1.0 for r in res["rows"])
+    assert "fgplugin (original, bf16)" in (tmp_path / "accuracy.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["accuracy", "--graphs", "tiny", "--precisions", "tf32", "--device", "cpu", "--out", str(tmp_path)])
+
+
 def test_reorder_suite_unknown_graph_keeps_its_rows(tmp_path, capsys):
     from fgplugin.bench.cli import main
     assert main(["reorder", "--graphs", "no-such-graph", "--orders", "degsort", "--device", "cpu", "--out",

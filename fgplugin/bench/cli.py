@@ -87,7 +87,8 @@ def parser() -> argparse.ArgumentParser:
     spmm.add_argument("--sweep-graph", default=None, help="the graph of the F sweep (default reddit-like)")
     spmm.add_argument("--sweep-order", default=None, help="the order of the F sweep (default community)")
     spmm.add_argument("--precisions", default=None, help="comma list of fp32, tf32, bf16 (default all three; "
-                                                         "threshold: fp32)")
+                                                         "threshold: fp32). Also of the accuracy suite: fp32, bf16, "
+                                                         "fp16 (torch.autocast around the forward; default fp32)")
     spmm.add_argument("--reps", type=int, default=None, help="timed calls per row (default 20)")
     spmm.add_argument("--quick", action="store_true", default=None, help="small + reddit-like, F=128 only")
     return ap
@@ -216,7 +217,7 @@ def main(argv=None) -> int:
         args.commit = commit()
     if args.suite in GPU_SUITES:
         return _run_spmm(args, argv, ap)
-    given = [o for o in SPMM_OPTIONS if getattr(args, o) is not None]
+    given = [o for o in SPMM_OPTIONS if getattr(args, o) is not None and not (o == "precisions" and args.suite == "accuracy")]
     if given:
         ap.error(f"{', '.join('--' + o.replace('_', '-').replace('f-sweep', 'F') for o in given)}: options of the "
                  f"spmm and threshold suites, not of {args.suite}")
@@ -287,9 +288,13 @@ def main(argv=None) -> int:
         graphs = graphs or list(epoch.ACCURACY_GRAPHS)
         epochs = args.epochs or 200
         seeds = [int(s) for s in _list(args.seeds)]
+        precisions = _list(args.precisions) or ["fp32"]
+        bad = [p for p in precisions if p not in epoch.AUTOCAST]
+        if bad:
+            ap.error(f"unknown precision(s) {', '.join(bad)} for the accuracy suite; choose from {', '.join(epoch.AUTOCAST)}")
         rows = epoch.run_accuracy_suite(graphs, impls, orders, seeds, epochs, args.hidden or 64, device,
-                                        progress=bar, log=_log)
-        extra_keys.update(epochs=epochs, seeds=seeds)
+                                        progress=bar, log=_log, precisions=precisions)
+        extra_keys.update(epochs=epochs, seeds=seeds, precisions=precisions)
     res = report.result(args.suite, rows, device, argv=command, commit=args.commit, loadavg_start=load_start,
                         **extra_keys)
     paths = report.write(res, args.out, args.name, log=_log)

@@ -360,19 +360,32 @@ def _dense_share(adj) -> float:
 
 
 # ---------------------------------------------------------------- accuracy parity
-def train_accuracy(impl: str, problem: Problem, epochs: int, hidden: int, seed: int) -> float:
+# The accuracy suite's precisions: the dtype of torch.autocast around the forward (None: float32).
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def train_accuracy(impl: str, problem: Problem, epochs: int, hidden: int, seed: int, precision: str = "fp32") -> float:
     """Test accuracy after ``epochs`` full-batch epochs (Adam, lr 0.01, weight decay 5e-4, dropout
-    0.5); weights and dropout stream seeded by ``seed``."""
+    0.5); weights and dropout stream seeded by ``seed``. ``precision`` ``bf16`` or ``fp16`` runs the
+    forward under ``torch.autocast`` in that dtype (fp16 with a ``GradScaler``, as torch's AMP
+    recipe has it), for every impl alike."""
     weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, problem.x.device)
     model, graph, _ = baselines.build(impl, weights, problem.edge_index, problem.num_nodes,
                                       adj=problem.adj if impl == "fgplugin" else None)
     torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+    device_type, dtype = problem.x.device.type, AUTOCAST[precision]
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == torch.float16)
     model.train()
     for _ in range(epochs):
-        train_step(model, graph, problem, optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            out = model(problem.x, graph)
+        scaler.scale(F.cross_entropy(out[problem.train_mask].float(), problem.y[problem.train_mask])).backward()
+        scaler.step(optimizer)
+        scaler.update()
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
         pred = model(problem.x, graph).argmax(dim=1)
     mask = problem.test_mask
     return float((pred[mask] == problem.y[mask]).float().mean())
@@ -380,19 +393,21 @@ def train_accuracy(impl: str, problem: Problem, epochs: int, hidden: int, seed: 
 
 def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugin"), orders=("original", "community"),
                        seeds=(0, 1, 2, 3, 4), epochs: int = 200, hidden: int = 64, device="cpu", progress=None,
-                       log=print) -> list[dict]:
+                       log=print, precisions=("fp32",)) -> list[dict]:
     """Rows ``op="accuracy"`` (``value`` = mean test accuracy over ``seeds``, ``values`` each seed's,
-    ``std``) for every (graph, order, impl); the same seeds for every impl. Every impl runs on
+    ``std``) for every (graph, order, impl, precision); the same seeds for every impl. Every impl runs on
     every order: a reordered graph gives the same function but puts each dropout mask on other
     nodes, so each order's own stock run is what fgplugin's compares with."""
     device = torch.device(device)
     rows = []
-    bar = progress(len(graphs) * len(orders) * len(impls)) if progress else None
+    bar = progress(len(graphs) * len(orders) * len(impls) * len(precisions)) if progress else None
     for name in graphs:
         try:
             base = load(name, device, 0)
         except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
-            rows += _failed_rows(name, orders, impls, {"op": "accuracy", "value": None}, err, bar)
+            for precision in precisions:
+                rows += _failed_rows(name, orders, impls, {"op": "accuracy", "value": None, "precision": precision},
+                                     err, bar)
             log(f"[accuracy] {name}: error: {_error_text(err)}")
             continue
         problems = {"original": base}
@@ -403,23 +418,25 @@ def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugi
                 except Exception as err:  # noqa: BLE001
                     problems[order] = f"reorder failed: {_error_text(err)}"
         for order in orders:
-            for impl in impls:
-                row = {"graph": base.name, "order": order, "impl": impl, "op": "accuracy", "F": base.num_features,
-                       "hidden": hidden, "precision": "fp32", "epochs": epochs, "seeds": list(seeds)}
-                start = time.perf_counter()
-                try:
-                    if isinstance(problems[order], str):
-                        raise RuntimeError(problems[order])
-                    values = [train_accuracy(impl, problems[order], epochs, hidden, s) for s in seeds]
-                    row.update(value=statistics.mean(values), std=statistics.pstdev(values), values=values,
-                               seconds=time.perf_counter() - start)
-                    log(f"[accuracy] {base.name} {order:<10} {impl:<16} {row['value']:.4f} +- {row['std']:.4f}")
-                except Exception as err:  # noqa: BLE001
-                    row.update(value=None, error=_error_text(err))
-                    log(f"[accuracy] {base.name} {order:<10} {impl:<16} error: {row['error']}")
-                rows.append(row)
-                if bar:
-                    bar.update()
+            for precision in precisions:
+                for impl in impls:
+                    row = {"graph": base.name, "order": order, "impl": impl, "op": "accuracy", "F": base.num_features,
+                           "hidden": hidden, "precision": precision, "epochs": epochs, "seeds": list(seeds)}
+                    what = f"[accuracy] {base.name} {order:<10} {precision:<4} {impl:<16}"
+                    start = time.perf_counter()
+                    try:
+                        if isinstance(problems[order], str):
+                            raise RuntimeError(problems[order])
+                        values = [train_accuracy(impl, problems[order], epochs, hidden, s, precision) for s in seeds]
+                        row.update(value=statistics.mean(values), std=statistics.pstdev(values), values=values,
+                                   seconds=time.perf_counter() - start)
+                        log(f"{what} {row['value']:.4f} +- {row['std']:.4f}")
+                    except Exception as err:  # noqa: BLE001
+                        row.update(value=None, error=_error_text(err))
+                        log(f"{what} error: {row['error']}")
+                    rows.append(row)
+                    if bar:
+                        bar.update()
     if bar:
         bar.close()
     return rows

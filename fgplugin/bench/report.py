@@ -120,11 +120,12 @@ def accuracy_summary(rows: list[dict]) -> str:
     acc = [r for r in rows if r.get("op") == "accuracy"]
     if not acc:
         return ""
-    keys = list(dict.fromkeys((r["impl"], r["order"]) for r in acc))
+    keys = list(dict.fromkeys((r["impl"], r["order"], r.get("precision", "fp32")) for r in acc))
     graphs = list(dict.fromkeys(r["graph"] for r in acc))
-    val = {(r["graph"], r["impl"], r["order"]): r for r in acc}
+    val = {(r["graph"], r["impl"], r["order"], r.get("precision", "fp32")): r for r in acc}
     lines = [f"Test accuracy, mean +- std over seeds {acc[0].get('seeds')} after {acc[0].get('epochs')} epochs.", "",
-             "| graph | " + " | ".join(f"{i} ({o})" for i, o in keys) + " |", "|---|" + "---|" * len(keys)]
+             "| graph | " + " | ".join(f"{i} ({o}{'' if p == 'fp32' else ', ' + p})" for i, o, p in keys) + " |",
+             "|---|" + "---|" * len(keys)]
     for g in graphs:
         cells = []
         for k in keys:
