@@ -96,6 +96,68 @@ def test_every_baseline_matches_stock_pyg():
         assert _rel_err(out, expected) <= 1e-6, impl
 
 
+@pytest.mark.parametrize("in_feats,hidden,out_feats", [(40, 16, 5), (40, 64, 80)])  # W first / W last
+def test_every_sage_baseline_matches_stock_pyg(in_feats, hidden, out_feats):
+    """The sage model of every impl: stock PyG SAGEConv's outputs and gradients (eval mode)."""
+    pytest.importorskip("torch_geometric")
+    from torch_geometric.nn import SAGEConv
+
+    ei, n, x = _graph(seed=4)
+    x = x[:, :in_feats]
+    w = B.reference_weights(in_feats, hidden, out_feats, seed=5, root=True)
+    w.b1.normal_()
+    w.b2.normal_()
+    stock = B.TwoLayers(SAGEConv(in_feats, hidden), SAGEConv(hidden, out_feats), torch.nn.Dropout(0.5))
+    with torch.no_grad():
+        for conv, (wl, b, wr) in zip((stock.conv1, stock.conv2), w.layers()):
+            conv.lin_l.weight.copy_(wl.t()); conv.lin_l.bias.copy_(b); conv.lin_r.weight.copy_(wr.t())  # noqa: E702
+    out_s, gx_s, _ = _run(stock, ei, x)
+    for impl in B.IMPLS + B.VARIANTS:
+        if impl in ("dgl", "fgplugin-dgl") and not _has("dgl"):
+            continue
+        model, graph, _ = B.build(impl, w, ei, n, model="sage")
+        out, gx, _ = _run(model, graph, x)
+        assert _rel_err(out, out_s) <= 1e-5, impl
+        assert _rel_err(gx, gx_s) <= 1e-5, impl
+
+
+def test_gcn_input_dropout_drops_the_input_in_training_only():
+    pytest.importorskip("torch_geometric")
+    ei, n, x = _graph(seed=6)
+    w = B.reference_weights(40, 16, 5, seed=7)
+    for impl in ("fgplugin", "pyg-edge_index", "cusparse-cached"):
+        plain, graph, _ = B.build(impl, w, ei, n)
+        model, graph, _ = B.build(impl, w, ei, n, model="gcn-input-dropout")
+        assert type(model.input_dropout) is type(model.dropout) and plain.input_dropout is None, impl
+        plain.eval(), model.eval()
+        assert torch.equal(model(x, graph), plain(x, graph)), impl  # eval: no dropout anywhere
+        model.train()
+        model.dropout.p = 0.0  # only the input's dropout left: the first layer sees a new input
+        torch.manual_seed(0)
+        assert _rel_err(model(x, graph), plain(x, graph)) > 1e-2, impl
+    with pytest.raises(ValueError, match="root weights"):
+        B.build("fgplugin", w, ei, n, model="sage")
+    with pytest.raises(ValueError, match="unknown model"):
+        B.build("fgplugin", w, ei, n, model="gat")
+
+
+def test_cli_epoch_runs_each_model(tmp_path):
+    from fgplugin.bench.cli import main
+
+    # (torch.sparse.mm has no bf16 on CPUs: cusparse-cached would fail its bf16 rows here)
+    assert main(["epoch", "--graphs", "tiny", "--impls", "fgplugin,pyg-edge_index", "--orders", "original",
+                 "--models", "gcn-input-dropout,sage", "--precisions", "fp32,bf16", "--epochs", "2", "--warmup",
+                 "1", "--device", "cpu", "--out", str(tmp_path), "--no-progress"]) == 0
+    res = json.loads((tmp_path / "epoch.json").read_text())
+    assert res["models"] == ["gcn-input-dropout", "sage"] and res["precisions"] == ["fp32", "bf16"]
+    assert {(r["model"], r["precision"], r["impl"]) for r in res["rows"] if r["op"] == "epoch"} == {
+        (m, p, i) for m in ("gcn-input-dropout", "sage") for p in ("fp32", "bf16") for i in ("fgplugin", "pyg-edge_index")}
+    assert all(r["ms_median"] > 0 for r in res["rows"] if r["op"] == "epoch")
+    assert "Model `sage`, bf16" in (tmp_path / "epoch.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["epoch", "--graphs", "tiny", "--models", "gat", "--device", "cpu", "--out", str(tmp_path)])
+
+
 def _require_dgl():
     if not _has("dgl"):
         pytest.skip("DGL not installed")

@@ -1,7 +1,14 @@
-"""The models of the ``epoch`` suite: one 2-layer GCN, six implementations, identical weights.
+"""The models of the ``epoch`` suite, each in six implementations with identical weights.
 
-Every implementation computes ``conv2(dropout(relu(conv1(x))))`` with
-``conv(h) = D^-1/2 (A + I) D^-1/2 h W + b`` from the same weights (:func:`reference_weights`):
+Models (``MODELS``), all ``conv2(dropout(relu(conv1(x))))`` with dropout 0.5:
+
+- ``gcn``: ``conv(h) = D^-1/2 (A + I) D^-1/2 h W + b`` (PyG ``GCNConv``, DGL ``GraphConv(norm='both')``);
+- ``gcn-input-dropout``: the same with dropout on the input too, as PyG's ``examples/gcn.py``
+  and DGL's GCN example have it (the first layer's input then changes every step);
+- ``sage``: ``conv(h) = mean_{j in N(i)} h_j W_l + h_i W_r + b`` (PyG ``SAGEConv``, DGL
+  ``SAGEConv('mean')``; no self loops).
+
+Implementations, from the same weights (:func:`reference_weights`):
 
 - ``fgplugin``: :class:`fgplugin.pyg.GCNConv` (what ``fgplugin.pyg.convert`` gives) on a
   :class:`fgplugin.TiledAdjacency`; like stock PyG it multiplies by W before aggregating;
@@ -14,10 +21,13 @@ Every implementation computes ``conv2(dropout(relu(conv1(x))))`` with
   which separates the gain of fgplugin's CPU dropout (fgplugin.parallel_dropout) from the rest;
 - ``fgplugin-dgl``: :class:`fgplugin.dgl.GraphConv` (what ``fgplugin.dgl.convert`` gives) on the
   same DGL graph as ``dgl``: DGL's order of operations, fgplugin's SpMM;
-- ``dgl``: stock ``dgl.nn.GraphConv(norm='both')`` on a DGL graph with self loops;
-- ``dgl-path``: DGL's GPU code path rebuilt from torch ops (:class:`DGLPathConv`);
-- ``cusparse-cached``: normalized CSR and its transpose built once (:class:`CachedCSRConv`);
-- ``pyg-edge_index`` / ``pyg-adj_t``: stock ``torch_geometric.nn.GCNConv(cached=True)`` on
+- ``dgl``: stock ``dgl.nn.GraphConv(norm='both')`` on a DGL graph with self loops (``SAGEConv``
+  on the graph as it is);
+- ``dgl-path``: DGL's GPU code path rebuilt from torch ops (:class:`DGLPathConv`,
+  :class:`DGLPathSAGEConv`);
+- ``cusparse-cached``: normalized CSR and its transpose built once (:class:`CachedCSRConv`,
+  :class:`CachedCSRSAGEConv`);
+- ``pyg-edge_index`` / ``pyg-adj_t``: stock ``torch_geometric.nn.GCNConv(cached=True)`` (``SAGEConv``) on
   ``edge_index`` / on a ``torch.sparse_csr`` ``adj_t`` as ``T.ToSparseTensor(layout=torch.sparse_csr)``
   gives.
 
@@ -44,6 +54,7 @@ IMPLS = ("fgplugin", "dgl", "dgl-path", "cusparse-cached", "pyg-edge_index", "py
 # without the input cache and zero-row skipping (run_one switches them off) and with torch's dropout; and
 # fgplugin with torch's dropout only.
 VARIANTS = ("fgplugin-dgl", "fgplugin-kernels", "fgplugin-torch-dropout")
+MODELS = ("gcn", "gcn-input-dropout", "sage")
 FGPLUGIN_PYG = ("fgplugin", "fgplugin-kernels", "fgplugin-torch-dropout")  # the same convs
 FGPLUGIN_DROPOUT = ("fgplugin", "fgplugin-dgl")  # what convert() gives: fgplugin.Dropout
 
@@ -55,33 +66,48 @@ class ImplUnavailable(RuntimeError):
 
 @dataclass
 class Weights:
-    """The two layers' parameters: ``w1 [in, hidden]``, ``b1 [hidden]``, ``w2 [hidden, out]``, ``b2 [out]``."""
+    """The two layers' parameters: ``w1 [in, hidden]``, ``b1 [hidden]``, ``w2 [hidden, out]``,
+    ``b2 [out]``, and for ``sage`` the root weights ``r1 [in, hidden]``, ``r2 [hidden, out]``."""
     w1: torch.Tensor
     b1: torch.Tensor
     w2: torch.Tensor
     b2: torch.Tensor
+    r1: torch.Tensor | None = None
+    r2: torch.Tensor | None = None
+
+    def layers(self):
+        """``(w, b, r)`` of each layer."""
+        return (self.w1, self.b1, self.r1), (self.w2, self.b2, self.r2)
 
 
-def reference_weights(in_feats: int, hidden: int, out_feats: int, seed: int = 0, device="cpu") -> Weights:
-    """Glorot-uniform weights and zero biases (PyG's and DGL's initialization), seeded."""
+def reference_weights(in_feats: int, hidden: int, out_feats: int, seed: int = 0, device="cpu",
+                      root: bool = False) -> Weights:
+    """Glorot-uniform weights and zero biases (PyG's and DGL's initialization), seeded; ``root``
+    adds SAGE's root weights."""
     gen = torch.Generator().manual_seed(seed)
 
     def glorot(fan_in, fan_out):
         a = math.sqrt(6.0 / (fan_in + fan_out))
         return ((torch.rand(fan_in, fan_out, generator=gen) * 2 - 1) * a).to(device)
 
-    return Weights(glorot(in_feats, hidden), torch.zeros(hidden, device=device),
-                   glorot(hidden, out_feats), torch.zeros(out_feats, device=device))
+    w = Weights(glorot(in_feats, hidden), torch.zeros(hidden, device=device),
+                glorot(hidden, out_feats), torch.zeros(out_feats, device=device))
+    if root:
+        w.r1, w.r2 = glorot(in_feats, hidden), glorot(hidden, out_feats)
+    return w
 
 
-class GCN2(nn.Module):
-    """``conv2(dropout(relu(conv1(x, g))), g)``; every conv is called as ``conv(x, g)``."""
+class TwoLayers(nn.Module):
+    """``conv2(dropout(relu(conv1(input_dropout(x), g))), g)``; every conv is called as
+    ``conv(x, g)``; ``input_dropout`` may be ``None`` (the ``gcn`` and ``sage`` models)."""
 
-    def __init__(self, conv1: nn.Module, conv2: nn.Module, dropout: nn.Module):
+    def __init__(self, conv1: nn.Module, conv2: nn.Module, dropout: nn.Module, input_dropout: nn.Module | None = None):
         super().__init__()
-        self.conv1, self.conv2, self.dropout = conv1, conv2, dropout
+        self.conv1, self.conv2, self.dropout, self.input_dropout = conv1, conv2, dropout, input_dropout
 
     def forward(self, x, g):
+        if self.input_dropout is not None:
+            x = self.input_dropout(x)
         return self.conv2(self.dropout(self.conv1(x, g).relu()), g)
 
 
@@ -130,11 +156,12 @@ class _SpMM(torch.autograd.Function):
 
 
 class DGLPathGraph:
-    """What DGL holds for a graph with self loops: CSR (rows = destination) with an all-ones value
-    array, the transposed CSR (DGL's CSC, built once, reused by every backward), and degrees."""
+    """What DGL holds for a graph (with self loops added for GCN, as given for SAGE): CSR (rows =
+    destination) with an all-ones value array, the transposed CSR (DGL's CSC, built once, reused
+    by every backward), and degrees."""
 
-    def __init__(self, edge_index: torch.Tensor, num_nodes: int):
-        rowptr, col, row = _csr_of(edge_index, num_nodes)
+    def __init__(self, edge_index: torch.Tensor, num_nodes: int, self_loops: bool = True):
+        rowptr, col, row = _csr_of(edge_index, num_nodes, self_loops)
         self.n = num_nodes
         self.rowptr, self.col = rowptr, col
         self.ones = torch.ones(col.numel(), device=col.device)
@@ -168,13 +195,16 @@ class DGLPathConv(nn.Module):
 
 
 class CachedCSRGraph:
-    """``D^-1/2 (A + I) D^-1/2`` as a CSR tensor and its transpose, both built once."""
+    """``D^-1/2 (A + I) D^-1/2`` (``norm="gcn"``) or ``D^-1 A`` (``"mean"``) as a CSR tensor and
+    its transpose, both built once."""
 
-    def __init__(self, edge_index: torch.Tensor, num_nodes: int):
-        rowptr, col, row = _csr_of(edge_index, num_nodes)
-        deg = torch.diff(rowptr).float()
-        inv_sqrt = deg.clamp(min=1).rsqrt()
-        values = inv_sqrt[row] * inv_sqrt[col]
+    def __init__(self, edge_index: torch.Tensor, num_nodes: int, norm: str = "gcn"):
+        rowptr, col, row = _csr_of(edge_index, num_nodes, self_loops=norm == "gcn")
+        deg = torch.diff(rowptr).float().clamp(min=1)
+        if norm == "gcn":
+            values = deg.rsqrt()[row] * deg.rsqrt()[col]
+        else:
+            values = deg.reciprocal()[row]
         self.fwd = _csr_tensor(rowptr, col, values, num_nodes)
         self.transposed = _transpose_csr(rowptr, col, row, values, num_nodes)
 
@@ -191,6 +221,35 @@ class CachedCSRConv(DGLPathConv):
         else:
             h = _SpMM.apply(x, g.csr, g.transposed) @ self.weight
         return h + self.bias
+
+
+class DGLPathSAGEConv(nn.Module):
+    """DGL ``SAGEConv('mean')``'s code path from torch ops: ``fc_neigh`` first when ``in_feats >
+    out_feats`` (else after) around the un-normalized SpMM divided by the in-degree, plus
+    ``fc_self(h)`` with its bias."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, root: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight.clone())
+        self.bias = nn.Parameter(bias.clone())
+        self.root = nn.Parameter(root.clone())
+
+    def _mean(self, h, g):
+        return _SpMM.apply(h, g.csr, g.transposed) / g.in_deg.clamp(min=1).unsqueeze(1)
+
+    def forward(self, x, g: DGLPathGraph):
+        if self.weight.shape[0] > self.weight.shape[1]:
+            neigh = self._mean(x @ self.weight, g)
+        else:
+            neigh = self._mean(x, g) @ self.weight
+        return torch.addmm(self.bias, x, self.root) + neigh
+
+
+class CachedCSRSAGEConv(DGLPathSAGEConv):
+    """SAGE (mean) on the cached ``D^-1 A``: one cached SpMM, ``W_l`` on the narrow side."""
+
+    def _mean(self, h, g: CachedCSRGraph):
+        return _SpMM.apply(h, g.csr, g.transposed)
 
 
 class _DGLConv(nn.Module):
@@ -229,16 +288,35 @@ def require_dgl(device: torch.device):
 
 
 # ---------------------------------------------------------------- builders
-def _copy_pyg(conv, w, b):
+def _pyg_conv(model: str, module, w, b, r):
+    """The layer of ``model`` from PyG's ``module`` (stock ``torch_geometric.nn`` or
+    ``fgplugin.pyg``) with the given weights."""
     with torch.no_grad():
-        conv.lin.weight.copy_(w.t())
-        conv.bias.copy_(b)
+        if model == "sage":
+            conv = module.SAGEConv(w.shape[0], w.shape[1]).to(w.device)
+            conv.lin_l.weight.copy_(w.t())
+            conv.lin_l.bias.copy_(b)
+            conv.lin_r.weight.copy_(r.t())
+        else:
+            conv = module.GCNConv(w.shape[0], w.shape[1], cached=True).to(w.device)
+            conv.lin.weight.copy_(w.t())
+            conv.bias.copy_(b)
     return conv
 
 
-def _build_pyg_convs(weights: Weights, cls):
-    return [_copy_pyg(cls(w.shape[0], w.shape[1], cached=True).to(w.device), w, b)
-            for w, b in ((weights.w1, weights.b1), (weights.w2, weights.b2))]
+def _dgl_conv(model: str, module, w, b, r):
+    """The layer of ``model`` from DGL's ``module`` (stock ``dgl.nn`` or ``fgplugin.dgl``)."""
+    with torch.no_grad():
+        if model == "sage":
+            conv = module.SAGEConv(w.shape[0], w.shape[1], "mean").to(w.device)
+            conv.fc_neigh.weight.copy_(w.t())
+            conv.fc_self.weight.copy_(r.t())
+            conv.fc_self.bias.copy_(b)
+        else:
+            conv = module.GraphConv(w.shape[0], w.shape[1], norm="both", allow_zero_in_degree=True).to(w.device)
+            conv.weight.copy_(w)
+            conv.bias.copy_(b)
+    return _DGLConv(conv)
 
 
 def unavailable(impl: str, device) -> str | None:
@@ -281,13 +359,14 @@ def fgplugin_adjacency(edge_index: torch.Tensor, num_nodes: int, perm: torch.Ten
 
 
 def build(impl: str, weights: Weights, edge_index: torch.Tensor, num_nodes: int, *, adj=None,
-          dropout: float = 0.5):
-    """The ``impl`` model with ``weights`` and its graph object for ``edge_index`` (no self loops,
-    both directions stored, on the weights' device).
+          dropout: float = 0.5, model: str = "gcn"):
+    """The ``impl`` implementation of ``model`` with ``weights`` and its graph object for
+    ``edge_index`` (no self loops, both directions stored, on the weights' device).
 
     Args:
         adj: a ready :class:`fgplugin.TiledAdjacency` of the same graph for ``fgplugin`` (built
             here when ``None``).
+        model: one of ``MODELS``; ``sage`` needs ``weights`` with root weights.
 
     Returns:
         ``(model, graph, setup_seconds)``: call ``model(x, graph)``; ``setup_seconds`` is the time
@@ -297,48 +376,44 @@ def build(impl: str, weights: Weights, edge_index: torch.Tensor, num_nodes: int,
         ImplUnavailable: the framework is missing or cannot run on this device.
         ValueError: unknown impl.
     """
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; expected one of {', '.join(MODELS)}")
+    sage = model == "sage"
+    if sage and weights.r1 is None:
+        raise ValueError("the sage model needs root weights: reference_weights(..., root=True)")
     device = edge_index.device
     _import(impl, device)  # imports are not preprocessing: time only the graph objects
     start = time.perf_counter()
-    if impl in FGPLUGIN_PYG:
-        import fgplugin
-        import fgplugin.pyg as fgpyg
-        if adj is None:
-            adj = fgplugin_adjacency(edge_index, num_nodes)
-        graph = adj
-        convs = _build_pyg_convs(weights, fgpyg.GCNConv)
-    elif impl in ("pyg-edge_index", "pyg-adj_t"):
-        from torch_geometric.nn import GCNConv
-        if impl == "pyg-edge_index":
-            graph = edge_index
+    if impl in FGPLUGIN_PYG or impl in ("pyg-edge_index", "pyg-adj_t"):
+        if impl in FGPLUGIN_PYG:
+            import fgplugin.pyg as module
+            graph = adj if adj is not None else fgplugin_adjacency(edge_index, num_nodes)
         else:
-            import torch_geometric.transforms as T
-            from torch_geometric.data import Data
-            graph = T.ToSparseTensor(layout=torch.sparse_csr)(Data(edge_index=edge_index, num_nodes=num_nodes)).adj_t
-        convs = _build_pyg_convs(weights, GCNConv)
+            import torch_geometric.nn as module
+            graph = edge_index
+            if impl == "pyg-adj_t":
+                import torch_geometric.transforms as T
+                from torch_geometric.data import Data
+                graph = T.ToSparseTensor(layout=torch.sparse_csr)(Data(edge_index=edge_index,
+                                                                       num_nodes=num_nodes)).adj_t
+        convs = [_pyg_conv(model, module, *layer) for layer in weights.layers()]
     elif impl in ("dgl", "fgplugin-dgl"):
         dgl = require_dgl(device)
+        graph = dgl.graph((edge_index[0], edge_index[1]), num_nodes=num_nodes, device=device)
+        if not sage:
+            graph = dgl.add_self_loop(dgl.remove_self_loop(graph))
         if impl == "dgl":
-            from dgl.nn import GraphConv
+            import dgl.nn as module
         else:
-            from fgplugin.dgl import GraphConv, structure
-        graph = dgl.add_self_loop(dgl.remove_self_loop(
-            dgl.graph((edge_index[0], edge_index[1]), num_nodes=num_nodes, device=device)))
-        if impl == "fgplugin-dgl":
-            structure(graph)  # the tile plan, cached on the graph: preprocessing, not the first epoch
-        convs = []
-        for w, b in ((weights.w1, weights.b1), (weights.w2, weights.b2)):
-            conv = GraphConv(w.shape[0], w.shape[1], norm="both", allow_zero_in_degree=True).to(device)
-            with torch.no_grad():
-                conv.weight.copy_(w)
-                conv.bias.copy_(b)
-            convs.append(_DGLConv(conv))
+            import fgplugin.dgl as module
+            module.structure(graph)  # the tile plan, cached on the graph: preprocessing, not the first epoch
+        convs = [_dgl_conv(model, module, *layer) for layer in weights.layers()]
     elif impl == "dgl-path":
-        graph = DGLPathGraph(edge_index, num_nodes)
-        convs = [DGLPathConv(weights.w1, weights.b1), DGLPathConv(weights.w2, weights.b2)]
+        graph = DGLPathGraph(edge_index, num_nodes, self_loops=not sage)
+        convs = [DGLPathSAGEConv(w, b, r) if sage else DGLPathConv(w, b) for w, b, r in weights.layers()]
     elif impl == "cusparse-cached":
-        graph = CachedCSRGraph(edge_index, num_nodes)
-        convs = [CachedCSRConv(weights.w1, weights.b1), CachedCSRConv(weights.w2, weights.b2)]
+        graph = CachedCSRGraph(edge_index, num_nodes, norm="mean" if sage else "gcn")
+        convs = [CachedCSRSAGEConv(w, b, r) if sage else CachedCSRConv(w, b) for w, b, r in weights.layers()]
     else:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS + VARIANTS)}")
     if device.type == "cuda":
@@ -348,4 +423,5 @@ def build(impl: str, weights: Weights, edge_index: torch.Tensor, num_nodes: int,
         from fgplugin import Dropout as dropout_cls
     else:
         dropout_cls = nn.Dropout
-    return GCN2(*convs, dropout=dropout_cls(dropout)).to(device), graph, setup
+    input_dropout = dropout_cls(dropout) if model == "gcn-input-dropout" else None
+    return TwoLayers(*convs, dropout=dropout_cls(dropout), input_dropout=input_dropout).to(device), graph, setup

@@ -73,6 +73,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hidden", type=int, default=None, help="hidden width (default 128 reddit/proteins/archaea-like, "
                                                             "else 64)")
     ap.add_argument("--seeds", default="0,1,2,3,4", help="accuracy: comma list of seeds")
+    ap.add_argument("--models", default=None, help="epoch: comma list of gcn (default), gcn-input-dropout (dropout "
+                                                   "on the input too, as PyG's examples/gcn.py), sage (2-layer "
+                                                   "SAGEConv, mean)")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default cuda when available; spmm and "
                                                    "threshold need CUDA)")
     ap.add_argument("--out", default="bench_results", help="result folder (default ./bench_results)")
@@ -87,8 +90,9 @@ def parser() -> argparse.ArgumentParser:
     spmm.add_argument("--sweep-graph", default=None, help="the graph of the F sweep (default reddit-like)")
     spmm.add_argument("--sweep-order", default=None, help="the order of the F sweep (default community)")
     spmm.add_argument("--precisions", default=None, help="comma list of fp32, tf32, bf16 (default all three; "
-                                                         "threshold: fp32). Also of the accuracy suite: fp32, bf16, "
-                                                         "fp16 (torch.autocast around the forward; default fp32)")
+                                                         "threshold: fp32). Also of the epoch and accuracy suites: "
+                                                         "fp32, bf16, fp16 (torch.autocast around the forward, "
+                                                         "for every impl; default fp32)")
     spmm.add_argument("--reps", type=int, default=None, help="timed calls per row (default 20)")
     spmm.add_argument("--quick", action="store_true", default=None, help="small + reddit-like, F=128 only")
     return ap
@@ -114,6 +118,15 @@ def _prog() -> list[str]:
     if script.name == "__main__.py":
         return ["python", "-m", "fgplugin.bench"] if script.parent.name == "bench" else ["python", "-m", "fgplugin", "bench"]
     return ["fgplugin", "bench"]
+
+
+def _precisions(args, ap, known) -> list[str]:
+    """The epoch and accuracy suites' ``--precisions`` (default fp32), checked against ``known``."""
+    precisions = _list(args.precisions) or ["fp32"]
+    bad = [p for p in precisions if p not in known]
+    if bad:
+        ap.error(f"unknown precision(s) {', '.join(bad)} for the {args.suite} suite; choose from {', '.join(known)}")
+    return precisions
 
 
 def _report_failures(rows, out_path=None) -> int:
@@ -217,7 +230,8 @@ def main(argv=None) -> int:
         args.commit = commit()
     if args.suite in GPU_SUITES:
         return _run_spmm(args, argv, ap)
-    given = [o for o in SPMM_OPTIONS if getattr(args, o) is not None and not (o == "precisions" and args.suite == "accuracy")]
+    given = [o for o in SPMM_OPTIONS if getattr(args, o) is not None
+             and not (o == "precisions" and args.suite in ("accuracy", "epoch"))]
     if given:
         ap.error(f"{', '.join('--' + o.replace('_', '-').replace('f-sweep', 'F') for o in given)}: options of the "
                  f"spmm and threshold suites, not of {args.suite}")
@@ -225,7 +239,7 @@ def main(argv=None) -> int:
     import torch
 
     from . import epoch, report
-    from .baselines import IMPLS, VARIANTS
+    from .baselines import IMPLS, MODELS, VARIANTS
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -273,10 +287,16 @@ def main(argv=None) -> int:
     if args.suite == "epoch":
         graphs = graphs or list(epoch.GPU_GRAPHS if device.type == "cuda" else epoch.CPU_GRAPHS)
         epochs = args.epochs or 20
-        extra_keys.update(epochs_timed=epochs, warmup=args.warmup)
+        models = _list(args.models) or ["gcn"]
+        bad = [m for m in models if m not in MODELS]
+        if bad:
+            ap.error(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS)}")
+        precisions = _precisions(args, ap, epoch.AUTOCAST)
+        extra_keys.update(epochs_timed=epochs, warmup=args.warmup, models=models, precisions=precisions)
 
         rows = epoch.run_epoch_suite(graphs, impls, orders, epochs, device, args.hidden, warmup=args.warmup,
-                                     progress=bar, log=_log, checkpoint=checkpoint)
+                                     progress=bar, log=_log, checkpoint=checkpoint, models=models,
+                                     precisions=precisions)
     elif args.suite == "reorder":
         graphs = graphs or list(epoch.GPU_GRAPHS if device.type == "cuda" else epoch.CPU_GRAPHS)
         epochs = args.epochs or 20
@@ -288,10 +308,7 @@ def main(argv=None) -> int:
         graphs = graphs or list(epoch.ACCURACY_GRAPHS)
         epochs = args.epochs or 200
         seeds = [int(s) for s in _list(args.seeds)]
-        precisions = _list(args.precisions) or ["fp32"]
-        bad = [p for p in precisions if p not in epoch.AUTOCAST]
-        if bad:
-            ap.error(f"unknown precision(s) {', '.join(bad)} for the accuracy suite; choose from {', '.join(epoch.AUTOCAST)}")
+        precisions = _precisions(args, ap, epoch.AUTOCAST)
         rows = epoch.run_accuracy_suite(graphs, impls, orders, seeds, epochs, args.hidden or 64, device,
                                         progress=bar, log=_log, precisions=precisions)
         extra_keys.update(epochs=epochs, seeds=seeds, precisions=precisions)

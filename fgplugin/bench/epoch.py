@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -170,20 +171,50 @@ def _sync(device):
     return lambda: None
 
 
-def train_step(model, graph, problem: Problem, optimizer) -> None:
+# Precisions of the epoch and accuracy suites: the dtype of torch.autocast around the forward
+# (None: float32, no autocast).
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, precision: str):
+    """``torch.autocast`` in ``precision``'s dtype on ``device``, or nothing for fp32."""
+    dtype = AUTOCAST[precision]
+    return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+def grad_scaler(device: torch.device, precision: str):
+    """A ``GradScaler`` for fp16 (torch's AMP recipe), else ``None``."""
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+def train_step(model, graph, problem: Problem, optimizer, precision: str = "fp32", scaler=None) -> None:
+    """One full-batch step; bf16 / fp16 run the forward under ``torch.autocast`` (fp16's loss
+    scaled by ``scaler``)."""
     optimizer.zero_grad(set_to_none=True)
-    out = model(problem.x, graph)
-    F.cross_entropy(out[problem.train_mask], problem.y[problem.train_mask]).backward()
-    optimizer.step()
+    with autocast(problem.x.device, precision):
+        out = model(problem.x, graph)
+    loss = F.cross_entropy(out[problem.train_mask].float(), problem.y[problem.train_mask])
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
 
 
-def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3):
+def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3, precision: str = "fp32"):
     """``(ms per step list, peak_mem_bytes or None)``."""
     device = problem.x.device
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+    scaler = grad_scaler(device, precision)
+
+    def step():
+        train_step(model, graph, problem, optimizer, precision, scaler)
+
     for _ in range(warmup):
-        train_step(model, graph, problem, optimizer)
+        step()
     times = []
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -191,14 +222,14 @@ def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3):
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(epochs)]
         for start, end in events:
             start.record()
-            train_step(model, graph, problem, optimizer)
+            step()
             end.record()
         torch.cuda.synchronize(device)
         times = [s.elapsed_time(e) for s, e in events]
         return times, int(torch.cuda.max_memory_allocated(device))
     for _ in range(epochs):
         start = time.perf_counter()
-        train_step(model, graph, problem, optimizer)
+        step()
         times.append(1e3 * (time.perf_counter() - start))
     return times, None
 
@@ -229,25 +260,29 @@ def _free(device):
         torch.cuda.empty_cache()
 
 
-def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0, warmup: int = 3) -> list[dict]:
-    """The epoch, preprocess and train200 rows of one (graph, order, impl)."""
+def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0, warmup: int = 3,
+            model_name: str = "gcn", precision: str = "fp32") -> list[dict]:
+    """The epoch, preprocess and train200 rows of one (graph, order, impl, model, precision)."""
     device = problem.x.device
-    common = {"graph": problem.name, "order": problem.order, "impl": impl, "F": problem.num_features,
-              "hidden": hidden, "precision": "fp32", "nodes": problem.num_nodes, "nnz": problem.edge_index.shape[1]}
+    common = {"graph": problem.name, "order": problem.order, "impl": impl, "model": model_name,
+              "F": problem.num_features, "hidden": hidden, "precision": precision, "nodes": problem.num_nodes,
+              "nnz": problem.edge_index.shape[1]}
     model = graph = error = None
     shortcuts = impl != "fgplugin-kernels"
     cache_was, skip_was = fgplugin.set_input_cache(shortcuts), fgplugin.set_row_skipping(shortcuts)
     built_before = grad_rows.total_build_s()
     try:
-        weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, device)
+        weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, device,
+                                              root=model_name == "sage")
         adj = problem.adj if impl in FGPLUGIN_PYG else None
-        model, graph, setup_s = baselines.build(impl, weights, problem.edge_index, problem.num_nodes, adj=adj)
+        model, graph, setup_s = baselines.build(impl, weights, problem.edge_index, problem.num_nodes, adj=adj,
+                                                model=model_name)
         if impl in FGPLUGIN_PYG:
             if adj is not None:
                 setup_s += problem.plan_s  # the tile plan was built with the reordering
             common["threshold"] = graph.prepare()  # cached: the probe's choice (None off CUDA)
         torch.manual_seed(seed)
-        times, peak = time_steps(model, graph, problem, epochs, warmup)
+        times, peak = time_steps(model, graph, problem, epochs, warmup, precision)
         rows_s = grad_rows.total_build_s() - built_before  # built in the warm-up steps
         cache_s = input_cache_build_s(model, graph, problem)
     except Exception as err:  # noqa: BLE001 - a failed row keeps its place
@@ -303,17 +338,21 @@ def input_cache_build_s(model, graph, problem: Problem, reps: int = 3) -> float 
 
 def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epochs: int = 20, device="cpu",
                     hidden: int | None = None, seed: int = 0, warmup: int = 3, progress=None, log=print,
-                    checkpoint=None) -> list[dict]:
-    """All rows of the epoch suite; ``progress(total)`` returns a bar with ``update()`` (or None);
+                    checkpoint=None, models=("gcn",), precisions=("fp32",)) -> list[dict]:
+    """All rows of the epoch suite, for each of ``models`` (baselines.MODELS) and ``precisions``
+    (``AUTOCAST``); ``progress(total)`` returns a bar with ``update()`` (or None);
     ``checkpoint(rows)`` is called after each graph (to write partial results)."""
     device = torch.device(device)
     rows = []
-    bar = progress(len(graphs) * len(orders) * len(impls)) if progress else None
+    variants = [(m, p) for m in models for p in precisions]
+    bar = progress(len(graphs) * len(orders) * len(impls) * len(variants)) if progress else None
     for name in graphs:
         try:
             base = load(name, device, seed)
         except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
-            rows += _failed_rows(name, orders, impls, {"op": "epoch", "ms_median": None}, err, bar)
+            for model, precision in variants:
+                rows += _failed_rows(name, orders, impls, {"op": "epoch", "model": model, "precision": precision,
+                                                           "ms_median": None}, err, bar)
             continue
         h = hidden or HIDDEN.get(name, 64)
         log(f"[epoch] {base.name}: {base.num_nodes:,} nodes, {base.edge_index.shape[1]:,} edges, F={base.num_features}, "
@@ -326,23 +365,26 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
                     log(f"[epoch] {base.name}: reorder '{order}' {problem.reorder_s:.2f} s, tile plan "
                         f"{problem.plan_s:.2f} s, dense share {_dense_share(problem.adj):.3f}")
                 except Exception as err:  # noqa: BLE001
-                    for impl in impls:
-                        rows.append({"graph": base.name, "order": order, "impl": impl, "op": "epoch",
-                                     "ms_median": None, "error": f"reorder failed: {_error_text(err)}"})
-                        if bar:
-                            bar.update()
+                    for model, precision in variants:
+                        for impl in impls:
+                            rows.append({"graph": base.name, "order": order, "impl": impl, "model": model,
+                                         "precision": precision, "op": "epoch", "ms_median": None,
+                                         "error": f"reorder failed: {_error_text(err)}"})
+                            if bar:
+                                bar.update()
                     continue
-            for impl in impls:
-                new = run_one(problem, impl, epochs, h, seed, warmup)
-                if base.note:
-                    for r in new:
-                        r["note"] = base.note
-                rows += new
-                r = new[0]
-                status = f"{r['ms_median']:.2f} ms" if r["ms_median"] is not None else f"error: {r['error']}"
-                log(f"[epoch] {base.name} {order:<10} {impl:<16} {status}")
-                if bar:
-                    bar.update()
+            for model, precision in variants:
+                for impl in impls:
+                    new = run_one(problem, impl, epochs, h, seed, warmup, model, precision)
+                    if base.note:
+                        for r in new:
+                            r["note"] = base.note
+                    rows += new
+                    r = new[0]
+                    status = f"{r['ms_median']:.2f} ms" if r["ms_median"] is not None else f"error: {r['error']}"
+                    log(f"[epoch] {base.name} {order:<10} {model:<17} {precision:<4} {impl:<16} {status}")
+                    if bar:
+                        bar.update()
             del problem
             _free(device)
         if checkpoint:
@@ -360,10 +402,6 @@ def _dense_share(adj) -> float:
 
 
 # ---------------------------------------------------------------- accuracy parity
-# The accuracy suite's precisions: the dtype of torch.autocast around the forward (None: float32).
-AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 def train_accuracy(impl: str, problem: Problem, epochs: int, hidden: int, seed: int, precision: str = "fp32") -> float:
     """Test accuracy after ``epochs`` full-batch epochs (Adam, lr 0.01, weight decay 5e-4, dropout
     0.5); weights and dropout stream seeded by ``seed``. ``precision`` ``bf16`` or ``fp16`` runs the
@@ -374,18 +412,12 @@ def train_accuracy(impl: str, problem: Problem, epochs: int, hidden: int, seed: 
                                       adj=problem.adj if impl == "fgplugin" else None)
     torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
-    device_type, dtype = problem.x.device.type, AUTOCAST[precision]
-    scaler = torch.amp.GradScaler(device_type, enabled=dtype == torch.float16)
+    scaler = grad_scaler(problem.x.device, precision)
     model.train()
     for _ in range(epochs):
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            out = model(problem.x, graph)
-        scaler.scale(F.cross_entropy(out[problem.train_mask].float(), problem.y[problem.train_mask])).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        train_step(model, graph, problem, optimizer, precision, scaler)
     model.eval()
-    with torch.no_grad(), torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
+    with torch.no_grad(), autocast(problem.x.device, precision):
         pred = model(problem.x, graph).argmax(dim=1)
     mask = problem.test_mask
     return float((pred[mask] == problem.y[mask]).float().mean())

@@ -94,10 +94,19 @@ def markdown(res: dict, summary: str = "") -> str:
 
 
 def epoch_summary(rows: list[dict]) -> str:
-    """A graph x (impl, order) table of epoch ms with the fgplugin-reordered speedup over each."""
+    """A graph x (impl, order) table of epoch ms with the fgplugin-reordered speedup over each;
+    one per model and precision when the rows have several."""
     epoch = [r for r in rows if r.get("op") == "epoch"]
     if not epoch:
         return ""
+    kinds = list(dict.fromkeys((r.get("model", "gcn"), r.get("precision", "fp32")) for r in epoch))
+    if len(kinds) == 1:
+        return _epoch_table(epoch)
+    return "\n\n".join(f"Model `{m}`, {p}:\n\n" + _epoch_table(
+        [r for r in epoch if (r.get("model", "gcn"), r.get("precision", "fp32")) == (m, p)]) for m, p in kinds)
+
+
+def _epoch_table(epoch: list[dict]) -> str:
     graphs = list(dict.fromkeys(r["graph"] for r in epoch))
     keys = list(dict.fromkeys((r["impl"], r["order"]) for r in epoch))
     ms = {(r["graph"], r["impl"], r["order"]): r["ms_median"] for r in epoch}
