@@ -67,16 +67,24 @@ def normalization(adj, kind: str = "gcn", *, add_self_loops: bool = True, improv
 
 def scales_of_degrees(kind: str, in_degree: torch.Tensor | None, out_degree: torch.Tensor | None = None, *,
                       self_loop: torch.Tensor | None = None, improved: bool = False,
-                      dtype: torch.dtype = torch.float32) -> Normalization:
+                      replace_loops: bool = False, dtype: torch.dtype = torch.float32) -> Normalization:
     """The scales of ``kind`` from the (float64) degrees: ``in_degree`` (weighted for ``gcn``),
-    ``out_degree`` for ``left`` and ``both``, and for ``gcn`` which nodes already have a self loop
-    (``None``: add no loops). Computed in float64 and rounded once to ``dtype``, so every path that
-    has the same degrees (one process or sharded) gets the same scales."""
+    ``out_degree`` for ``left`` and ``both``, and for ``gcn`` each node's self loops
+    (``self_loop``: a mask, or with ``replace_loops`` their count; ``None``: add no loops).
+    ``gcn`` keeps a node's own loops and adds one of weight ``fill`` (1, 2 if ``improved``) where
+    it has none; ``replace_loops`` replaces a node's loops by one of weight ``fill``, which is what
+    PyG's ``GCNConv`` does to an unweighted ``edge_index`` (duplicate loops count once). Computed in
+    float64 and rounded once to ``dtype``, so every path that has the same degrees (one process or
+    sharded) gets the same scales."""
     if kind == "gcn":
         diag = None
         deg = in_degree.to(torch.float64)
         if self_loop is not None:
-            diag = (~self_loop.bool()).to(torch.float64) * (2.0 if improved else 1.0)
+            fill = 2.0 if improved else 1.0
+            if replace_loops:
+                diag = fill - self_loop.to(torch.float64)
+            else:
+                diag = (~self_loop.bool()).to(torch.float64) * fill
             deg = deg + diag
         inv_sqrt = deg.rsqrt()
         inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)  # isolated nodes: zero, as PyG

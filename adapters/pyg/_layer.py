@@ -3,6 +3,7 @@ handing a call to the stock code (hooks, explain mode, TorchScript)."""
 from __future__ import annotations
 
 import copy
+import sys
 
 import torch
 from torch import Tensor
@@ -13,7 +14,7 @@ from fgplugin import TiledAdjacency
 from fgplugin._csr import aux_dtype_for
 from fgplugin.aggregation import Aggregation, linear_parts
 
-from ._aggregation import NONE, NormSpec, aggregation_of
+from ._aggregation import _UNWEIGHTED_FILL, NONE, NormSpec, aggregation_of
 from ._deferred import DeferredAggregation
 from ._graph import SPARSE_KINDS, graph_of, input_kind, values_of
 
@@ -40,6 +41,9 @@ def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int,
     :class:`DeferredAggregation` (built when the compiled graph runs; see _deferred.py), so
     tracing never breaks on it.
     """
+    sharded = _sharded_graph(source, edge_weight, norm, dtype)
+    if sharded is not None:
+        return sharded
     if torch.compiler.is_compiling() and input_kind(source) == "edge_index":
         return DeferredAggregation(source, edge_weight, n_src, n_dst, flip, norm)
     graph = graph_of(source, n_src, n_dst, flip)
@@ -48,6 +52,21 @@ def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int,
     if graph.kind not in values_from:
         return aggregation_of(graph, edge_weight, norm, dtype=dtype)
     return aggregation_of(graph, values_of(source), norm, source if graph.kind == "torch.sparse" else None, dtype)
+
+
+def _sharded_graph(source, edge_weight: Tensor | None, norm: NormSpec, dtype: torch.dtype):
+    """The sharded graph of a ``fgplugin.distributed.ShardedAdjacency`` under ``norm`` with scales
+    in ``dtype``, or ``None``
+    for any other graph input (without that module imported, no input can be one)."""
+    module = sys.modules.get("fgplugin.distributed.sharded_data")
+    if module is None or not isinstance(source, module.ShardedAdjacency):
+        return None
+    if edge_weight is not None:
+        raise ValueError("a sharded graph (fgplugin.distributed.shard) takes no edge weights: its normalization "
+                         "comes from the edge counts; drop edge_weight or train in one process")
+    # Unweighted, the installed PyG may ignore `improved` (see _aggregation._probe_unweighted_fill).
+    improved = norm.kind == "gcn" and _UNWEIGHTED_FILL[norm.improved] == 2.0
+    return source.graph(norm.kind, improved, norm.add_self_loops, dtype)
 
 
 def fits(aggregation, x: Tensor, node_dim: int, n_dst: int | None = None) -> bool:

@@ -97,9 +97,9 @@ class ShardedGraph:
             over it replaces one per block: each of those wrote and re-added a full ``[n_g, F]``
             output and launched work for all ``n_g`` rows, which doubled the per-rank SpMM time
             on 4 GPUs (products-like: 16 ms against 8 ms ideal).
-        row_scale: ``[n_g]`` row scale of the normalization (or ``None``). The scales are float32,
-            the kernels' type, whatever the features' dtype: float64 training gets scales rounded
-            to float32 (relative error about 1e-7), unlike ``TiledAdjacency.norm``'s float64.
+        row_scale: ``[n_g]`` row scale of the normalization (or ``None``), in the ``scale_dtype``
+            of :meth:`from_edge_index`: float32 by default, so float64 features need
+            ``scale_dtype=torch.float64`` for float64 accuracy (``ShardedAdjacency`` does that).
         send_rows, send_slices: sparse mode: the rows of this block that the other members of the
             column group read, stacked by member block ``k``, and ``send_slices[k] = (offset,
             count)``; one gather packs every send (one scatter-add unpacks what the transposed
@@ -149,8 +149,10 @@ class ShardedGraph:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_edge_index(cls, ctx: ShardingContext, edge_index, num_nodes: int, *, perm: torch.Tensor | None = None,
-                        norm: str = "gcn", improved: bool = False, tile_size: int = 32, threshold: float = DEFAULT_THRESHOLD,
-                        extra_fingerprint=()) -> "ShardedGraph":
+                        norm: str = "gcn", improved: bool = False, add_self_loops: bool = True,
+                        replace_loops: bool = False, tile_size: int = 32,
+                        threshold: float = DEFAULT_THRESHOLD, extra_fingerprint=(),
+                        scale_dtype: torch.dtype = torch.float32) -> "ShardedGraph":
         r"""Shard a graph given as a global ``edge_index`` ``[2, E]`` (row 0 source, row 1 target).
 
         Every rank reads the whole edge list in chunks of 16M edges and keeps the edges whose
@@ -167,8 +169,14 @@ class ShardedGraph:
             norm: ``"gcn"`` (:math:`D^{-1/2}(A+I)D^{-1/2}` with PyG's remaining-self-loops rule),
                 ``"mean"``, ``"both"`` (DGL) or ``"none"``; degrees are those of the whole graph.
             improved: GCN with self-loop weight 2.
+            add_self_loops: GCN with self loops added where a node has none (``False``: LightGCN's
+                and ``GCNConv(add_self_loops=False)``'s normalization).
+            replace_loops: GCN replacing each node's self loops by one (PyG's ``GCNConv`` on an
+                unweighted ``edge_index``: duplicate loops count once) instead of keeping them.
             tile_size, threshold: tile plan options of the blocks.
             extra_fingerprint: ints that must also agree between ranks (e.g. feature width).
+            scale_dtype: of the normalization's scales: float32 (the kernels' type for float32
+                and 16-bit features), or float64 for float64 features.
 
         Raises:
             ValueError: on every rank, when the ranks were given different graphs, orderings or
@@ -224,7 +232,8 @@ class ShardedGraph:
         perm_hash = 0 if perm is None else int(((perm % _MOD) * (torch.arange(n, device=device) % 65521 + 1) % _MOD).sum())
         min_work, live_fraction, max_misses, max_kept = LiveRowExchange.settings(device)
         fingerprint = [n, num_edges, int(h1), int(h2), perm_hash, ctx.world_size, ctx.replication,
-                       COMM_MODES.index(ctx.comm), NORMS.index(norm), int(improved), int(min_work),
+                       COMM_MODES.index(ctx.comm), NORMS.index(norm), int(improved), int(add_self_loops),
+                       int(replace_loops), int(min_work),
                        round(live_fraction * 1e6), int(max_misses), int(max_kept),
                        *[int(v) for v in extra_fingerprint]]
         _check_agreement(fingerprint, device)
@@ -235,7 +244,7 @@ class ShardedGraph:
         if ctx.replica == 0:
             stats[0, s:s + n_own] = torch.bincount(dst, minlength=n_own).to(torch.float64)
             loops = dst[src == dst + s]
-            stats[1, s:s + n_own].index_fill_(0, loops, 1.0)
+            stats[1, s:s + n_own].index_add_(0, loops, torch.ones_like(loops, dtype=torch.float64))
             if norm == "both":
                 stats[2] = torch.bincount(src, minlength=n).to(torch.float64)
         asymmetric = torch.tensor([0 if symmetric else 1], dtype=torch.long, device=device)
@@ -244,8 +253,11 @@ class ShardedGraph:
         # The same float64 degrees as a single process's normalization, so the same float32 scales
         # as its norm(dtype=torch.float32).
         in_deg, has_loop, out_deg = stats
-        row_scale, col_scale, diag = scales_of_degrees(norm, in_deg, out_deg, self_loop=has_loop > 0,
-                                                       improved=improved)
+        row_scale, col_scale, diag = scales_of_degrees(norm, in_deg, out_deg,
+                                                       self_loop=None if not add_self_loops else
+                                                       has_loop if replace_loops else has_loop > 0,
+                                                       improved=improved, replace_loops=replace_loops,
+                                                       dtype=scale_dtype)
         del stats
         # Symmetric structure and equal row and column scales: the normalized blocks satisfy
         # A_gj^T = A_jg, so the backward runs the forward product and needs no transposed blocks.
@@ -639,7 +651,7 @@ def _is_symmetric(adj: TiledAdjacency) -> bool:
 
 
 _FIELDS = ("num_nodes", "num_edges", "edge hash 1", "edge hash 2", "perm hash", "world size", "replication",
-           "comm", "norm", "improved", "grad_rows.MIN_WORK", "grad_rows.MAX_LIVE_FRACTION x 1e6",
+           "comm", "norm", "improved", "add_self_loops", "replace_loops", "grad_rows.MIN_WORK", "grad_rows.MAX_LIVE_FRACTION x 1e6",
            "grad_rows.MAX_MISSES", "grad_rows.MAX_KEPT")
 
 

@@ -1,0 +1,73 @@
+"""Training the user's model on a sharded graph with torch's own engine: the weights replicated and
+their gradients averaged by ``DistributedDataParallel``, the loss over this rank's training rows
+scaled so that the averaged gradients are the single-process ones, and metrics over all ranks.
+
+    local = shard(data, ctx)
+    model = replicate(model, ctx)                           # DDP
+    loss = masked_loss(model(local.x, local.adj_t), local.y, local.train_mask, ctx)
+    loss.backward(); optimizer.step()
+    acc = masked_accuracy(out, local.y, local.test_mask, ctx)
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from .context import ShardingContext
+
+
+def replicate(model: torch.nn.Module, ctx: ShardingContext) -> DistributedDataParallel:
+    """``model`` under ``DistributedDataParallel`` (rank 0's weights broadcast to all), on a process
+    group of its own: its gradient all-reduces, which DDP starts during the backward pass, then
+    never interleave with the graph's row exchanges on the sharding context's groups. Collective:
+    call it on every rank."""
+    group = dist.new_group(list(range(ctx.world_size)))
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, process_group=group)
+
+
+def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: ShardingContext,
+                loss_fn=F.cross_entropy) -> torch.Tensor:
+    """This rank's share of the mean of ``loss_fn`` over the rows ``mask`` selects on all ranks,
+    for ``backward()`` under :func:`replicate`: ``sum(this rank's losses) * p / (r * N)`` with
+    ``N`` the global count (the all-reduced count is ``r * N``: replicas count their rows too). DDP averages the ranks' gradients (``/ p``), and the ``r`` replicas of
+    a row block each hold a partial gradient of its rows (their sum is the true one), so the
+    result is single-process training's gradient. One small all-reduce (no host sync)."""
+    count = mask.sum().to(out.dtype if out.is_floating_point() else torch.float64).reshape(1)
+    dist.all_reduce(count)
+    local = loss_fn(out[mask], y[mask], reduction="sum")
+    return local * ctx.world_size / count.clamp(min=1)[0]
+
+
+def global_mean(value_sum: torch.Tensor, count: torch.Tensor, ctx: ShardingContext) -> float:
+    """``sum(value_sum) / sum(count)`` over all ranks, replicas counted once."""
+    both = torch.stack([value_sum.detach().double().reshape(()), count.detach().double().reshape(())])
+    dist.all_reduce(both)
+    return float(both[0] / both[1].clamp(min=1))
+
+
+def masked_accuracy(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: ShardingContext) -> float:
+    """The share of the rows ``mask`` selects on all ranks whose argmax of ``out`` is ``y``."""
+    return global_mean((out[mask].argmax(dim=-1) == y[mask]).sum(), mask.sum(), ctx)
+
+
+def gather_rows(local_rows: torch.Tensor, n_id: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """Every rank's ``local_rows`` (its rows, in the order of ``n_id``: ``shard(...).n_id``) as one
+    ``[num_nodes, ...]`` tensor in original node order, on every rank. Collective."""
+    sizes = [torch.zeros(1, dtype=torch.long, device=local_rows.device) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([local_rows.shape[0]], dtype=torch.long, device=local_rows.device))
+    width = int(max(s.item() for s in sizes))
+    pad = width - local_rows.shape[0]
+    rows = torch.cat([local_rows, local_rows.new_zeros(pad, *local_rows.shape[1:])]) if pad else local_rows
+    ids = torch.cat([n_id.to(local_rows.device), n_id.new_full((pad,), -1).to(local_rows.device)])
+    all_rows = [torch.empty_like(rows) for _ in sizes]
+    all_ids = [torch.empty_like(ids) for _ in sizes]
+    dist.all_gather(all_rows, rows.contiguous())
+    dist.all_gather(all_ids, ids)
+    out = local_rows.new_zeros(num_nodes, *local_rows.shape[1:])
+    for r, i in zip(all_rows, all_ids):
+        keep = i >= 0
+        out[i[keep]] = r[keep]  # replicas of a row block send the same rows
+    return out

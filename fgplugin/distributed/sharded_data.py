@@ -1,0 +1,109 @@
+"""A PyG ``Data`` sharded by rows for the user's own model: :func:`shard` gives each rank its rows
+of every node attribute and an ``adj_t`` that the drop-in layers take as they take a graph.
+
+    local = shard(data, ctx)                      # every rank, same arguments
+    out = model(local.x, local.adj_t)             # a model of fgplugin.pyg layers, unchanged
+
+The layers ask the :class:`ShardedAdjacency` for the normalization they apply (GCN with or without
+self loops, the neighbourhood mean); each is a :class:`~fgplugin.distributed.sharding.ShardedGraph`
+built on first use, so the exchange of the rows a rank reads from the others happens inside each
+layer's aggregation, with every option of the sharded graph (1D and 1.5D, comm modes, live rows,
+bf16 on the wire).
+"""
+from __future__ import annotations
+
+import torch
+
+from .context import ShardingContext
+from .sharding import ShardedGraph
+
+# What the PyG layers' normalizations map to: GCNConv, SGConv (gcn), LGConv (gcn without self
+# loops), SAGEConv with mean aggregation (mean); "none" is the plain sum.
+_KINDS = ("gcn", "mean", "none")
+
+
+class ShardedAdjacency:
+    """This rank's rows of a graph sharded over the ranks, for the drop-in layers' graph argument.
+
+    Args:
+        ctx: the :class:`ShardingContext` of this run.
+        edge_index: the whole graph's ``[2, E]`` edges in original ids (kept: a layer that asks for
+            another normalization later builds its sharded graph from them).
+        num_nodes: of the whole graph.
+        perm: node order, new -> old (e.g. ``fgplugin.reorder.reorder(..., parts=ctx.num_blocks)``),
+            or ``None``.
+        options: passed to :meth:`ShardedGraph.from_edge_index` (``tile_size``, ``threshold``).
+
+    Every rank must build it with the same arguments (checked: a rank given another graph, order
+    or setting raises ``ValueError`` on every rank) and its model must ask for the same
+    normalizations in the same order, as the same model does.
+    """
+
+    def __init__(self, ctx: ShardingContext, edge_index: torch.Tensor, num_nodes: int, perm=None, **options):
+        self.ctx, self.edge_index, self.num_nodes, self.perm, self.options = ctx, edge_index, int(num_nodes), perm, options
+        self._graphs: dict[tuple, ShardedGraph] = {}
+        self.base = self.graph("gcn")  # checks that the ranks agree, and fixes the row blocks
+
+    def graph(self, kind: str, improved: bool = False, add_self_loops: bool = True,
+              scale_dtype: torch.dtype = torch.float32) -> ShardedGraph:
+        """The sharded graph normalized as ``kind`` (``gcn``, ``mean`` or ``none``) with scales in
+        ``scale_dtype`` (float64 for float64 features), built once."""
+        if kind not in _KINDS:
+            raise ValueError(f"a sharded graph serves the normalizations {_KINDS}, not {kind!r}")
+        key = (kind, bool(improved), bool(add_self_loops)) if kind == "gcn" else (kind, False, True)
+        key += (scale_dtype,)
+        found = self._graphs.get(key)
+        if found is None:
+            # replace_loops: the PyG layers' rule for an unweighted edge_index (its GCN keeps one
+            # self loop per node, duplicates included)
+            found = ShardedGraph.from_edge_index(self.ctx, self.edge_index, self.num_nodes, perm=self.perm, norm=kind,
+                                                 improved=key[1], add_self_loops=key[2], replace_loops=True,
+                                                 scale_dtype=scale_dtype, **self.options)
+            self._graphs[key] = found
+        return found
+
+    @property
+    def num_rows(self) -> int:
+        return self.base.num_rows
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
+
+    def rows(self, tensor) -> torch.Tensor:
+        """This rank's rows of a node-level ``tensor`` in original node order."""
+        return self.base.rows(tensor)
+
+    def global_ids(self) -> torch.Tensor:
+        """Original id of each of this rank's rows."""
+        return self.base.global_ids()
+
+    def __repr__(self) -> str:
+        return (f"ShardedAdjacency(rows {self.base.row_start}..{self.base.row_end} of {self.num_nodes} nodes, "
+                f"rank {self.ctx.rank} of {self.ctx.world_size}, replication {self.ctx.replication})")
+
+
+def shard(data, ctx: ShardingContext, *, perm=None, **options):
+    """This rank's part of a PyG ``Data``: its rows of every node-level attribute (a tensor whose
+    first dimension is ``data.num_nodes``: ``x``, ``y``, masks, ...), ``adj_t`` a
+    :class:`ShardedAdjacency` of ``data.edge_index``, ``num_nodes`` its row count and ``n_id`` the
+    original ids of its rows; other attributes are kept as they are, those named ``edge*``
+    (``edge_index``, ``edge_attr``, ``edge_weight``) are left out. Call it on every rank with the
+    same arguments; ``perm`` and ``options`` as for :class:`ShardedAdjacency`."""
+    from torch_geometric.data import Data
+
+    if getattr(data, "edge_index", None) is None:
+        raise ValueError("shard(data): data has no edge_index; a sharded adjacency is built from the whole graph's "
+                         "edge_index (a Data whose adj_t was made by a transform keeps edge_index only if asked)")
+    n = int(data.num_nodes)
+    adj = ShardedAdjacency(ctx, data.edge_index, n, perm, **options)
+    local = Data()
+    for key, value in data.items():
+        if "edge" in key:  # edge_index, edge_attr, edge_weight: PyG's naming of edge-level attributes
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
+            local[key] = adj.rows(value)
+        else:
+            local[key] = value
+    local.adj_t, local.num_nodes, local.n_id = adj, adj.num_rows, adj.global_ids()
+    return local
