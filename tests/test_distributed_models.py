@@ -35,7 +35,7 @@ class _Net(torch.nn.Module):
         import fgplugin.pyg as fg
         self.kind = kind
         if kind == "gcn":
-            self.convs = torch.nn.ModuleList([fg.GCNConv(FEATURES, 16), fg.GCNConv(16, CLASSES)])
+            self.convs = torch.nn.ModuleList([fg.GCNConv(FEATURES, 16, cached=True), fg.GCNConv(16, CLASSES, cached=True)])
         elif kind == "sage":
             self.convs = torch.nn.ModuleList([fg.SAGEConv(FEATURES, 16), fg.SAGEConv(16, CLASSES)])
         elif kind == "sg":
@@ -122,3 +122,62 @@ def test_user_models_on_a_sharded_graph_match_one_process(world, replication, re
             for got, want in zip(grads, ref_grads):
                 assert _rel(torch.from_numpy(got), want) < 1e-9, (rank, kind, "gradient")
             assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 1e-9, (rank, kind, losses, ref_losses)
+
+
+def _bad_input(rank, world):
+    from torch_geometric.nn import GATConv
+
+    import fgplugin.pyg as fg
+    from fgplugin.distributed import ShardingContext, replicate, shard
+
+    ctx = ShardingContext(1)
+    data = _data()
+    local = shard(data, ctx)
+    errors = {}
+
+    def error_of(fn):
+        try:
+            fn()
+        except ValueError as err:
+            return str(err)
+        return None
+
+    errors["gat"] = error_of(lambda: replicate(torch.nn.Sequential(GATConv(FEATURES, 4)), ctx))
+    errors["sage-max"] = error_of(lambda: replicate(torch.nn.Sequential(fg.SAGEConv(FEATURES, 4, aggr="max")), ctx))
+    errors["sage-max-call"] = error_of(lambda: fg.SAGEConv(FEATURES, 4, aggr="max")(local.x.float(), local.adj_t))
+    errors["weights"] = error_of(lambda: fg.GCNConv(FEATURES, 4)(local.x.float(), local.adj_t,
+                                                                 torch.ones(data.edge_index.shape[1])))
+    other = data.clone()
+    if rank == 1:  # this rank was given another graph
+        other.edge_index = other.edge_index.flip(0)
+    errors["other-graph"] = error_of(lambda: shard(other, ctx))
+    return errors
+
+
+def test_what_cannot_be_sharded_is_refused_by_name():
+    ranks = _ok(_launch(2, _bad_input, deadline_s=120), 2)
+    for rank, errors in ranks.items():
+        assert "'0' (GATConv) cannot run on a sharded graph" in errors["gat"], errors
+        assert "aggr='max'" in errors["sage-max"] and "only the mean" in errors["sage-max"], errors
+        assert "SAGEConv" in errors["sage-max-call"] and "sharded graph" in errors["sage-max-call"], errors
+        assert "takes no edge weights" in errors["weights"], errors
+        assert errors["other-graph"] is not None and "edge hash" in errors["other-graph"], errors
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+def test_the_pyg_example_trains_under_torchrun(model):
+    """examples/distributed_pyg.py as the README launches it (2 gloo ranks) on the graph it
+    generates: PyG's gcn.py model and a GraphSAGE reach a useful test accuracy."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "distributed_pyg.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(example),
+           "--backend", "gloo", "--model", model, "--epochs", "30"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert f"30 epochs of {model}" in done.stdout and "on 2 ranks" in done.stdout, done.stdout
+    assert float(re.findall(r"test accuracy ([0-9.]+)", done.stdout)[-1]) > 0.8, done.stdout

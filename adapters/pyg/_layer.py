@@ -69,6 +69,15 @@ def _sharded_graph(source, edge_weight: Tensor | None, norm: NormSpec, dtype: to
     return source.graph(norm.kind, improved, norm.add_self_loops, dtype)
 
 
+def is_ours(cache) -> bool:
+    """Whether a layer's graph cache holds one of fgplugin's aggregations (a sharded graph too),
+    not a normalized graph the stock code cached."""
+    if isinstance(cache, (Aggregation, DeferredAggregation)):
+        return True
+    sharding = sys.modules.get("fgplugin.distributed.sharding")
+    return sharding is not None and isinstance(cache, sharding.ShardedGraph)
+
+
 def fits(aggregation, x: Tensor, node_dim: int, n_dst: int | None = None) -> bool:
     """Whether ``aggregation`` can aggregate the nodes of ``x`` into ``n_dst`` nodes (device,
     node counts); where it cannot, the stock layer runs and raises its own error."""
@@ -141,9 +150,13 @@ class FgpluginLayer:
         return any(getattr(self, name, None) is aggregation for name in self._graph_caches)
 
     def _stock_forward(self, *args):
+        if _sharded_graph(args[1] if len(args) > 1 else None, None, NONE, torch.float32) is not None:
+            raise ValueError(f"{type(self).__name__} ({self}) cannot aggregate over a sharded graph in this call: only "
+                             "fgplugin's own aggregations (GCNConv, SGConv, LGConv, SAGEConv with aggr='mean', no hooks, "
+                             "not in explain mode) run across ranks; the stock code needs the whole graph")
         # The stock code reads its caches as normalized graphs, never as our aggregations.
         for name in self._graph_caches:
-            if isinstance(getattr(self, name), (Aggregation, DeferredAggregation)):
+            if is_ours(getattr(self, name)):
                 setattr(self, name, None)
         return self._stock.forward(self, *args)
 
@@ -164,7 +177,7 @@ class FgpluginLayer:
         twin.__class__ = self._stock
         twin.__dict__.pop("propagate", None)  # PyG's decomposed_layers binds it to `self`
         for name in self._graph_caches:
-            if isinstance(getattr(twin, name), (Aggregation, DeferredAggregation)):
+            if is_ours(getattr(twin, name)):
                 setattr(twin, name, None)
         twin._set_jittable_templates()
         return twin

@@ -10,7 +10,7 @@ from fgplugin.aggregation import Aggregation, aggregate
 
 from ._aggregation import NONE, NormSpec
 from ._deferred import DeferredAggregation
-from ._layer import FgpluginLayer, linear, make_aggregation
+from ._layer import FgpluginLayer, is_ours, linear, make_aggregation
 
 
 class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
@@ -45,7 +45,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         cache_name = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"
         cache = None if isinstance(edge_index, TiledAdjacency) or not self.normalize else getattr(self, cache_name)
         if cache is not None:  # the stock semantics: the graph given now is ignored
-            if isinstance(cache, (Aggregation, DeferredAggregation)):
+            if is_ours(cache):
                 return cache
             return self._adopt_stock_cache(cache_name, n)
         norm = NormSpec("gcn", self.improved, self.add_self_loops) if self.normalize else NONE

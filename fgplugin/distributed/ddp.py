@@ -10,6 +10,8 @@ scaled so that the averaged gradients are the single-process ones, and metrics o
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -22,10 +24,37 @@ def replicate(model: torch.nn.Module, ctx: ShardingContext) -> DistributedDataPa
     """``model`` under ``DistributedDataParallel`` (rank 0's weights broadcast to all), on a process
     group of its own: its gradient all-reduces, which DDP starts during the backward pass, then
     never interleave with the graph's row exchanges on the sharding context's groups. Collective:
-    call it on every rank."""
+    call it on every rank.
+
+    Raises:
+        ValueError: the model has a graph layer that cannot aggregate over a sharded graph (an
+            attention layer, a SAGEConv with another aggregation than the mean), named.
+    """
+    refuse_unshardable_layers(model)
     group = dist.new_group(list(range(ctx.world_size)))
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, process_group=group)
+
+
+def refuse_unshardable_layers(model: torch.nn.Module) -> None:
+    """Raises ``ValueError`` naming the first PyG message-passing layer of ``model`` that fgplugin
+    cannot run on a sharded graph: any that is not one of fgplugin's drop-in layers (convert the
+    model first), and a ``SAGEConv`` aggregating other than by the mean."""
+    conv = sys.modules.get("torch_geometric.nn.conv")
+    if conv is None:  # without PyG imported the model has no PyG layer
+        return
+    from fgplugin.pyg import GCNConv, LGConv, SAGEConv, SGConv
+
+    for name, module in model.named_modules():
+        if not isinstance(module, conv.MessagePassing):
+            continue
+        if not isinstance(module, (GCNConv, SGConv, LGConv, SAGEConv)):
+            raise ValueError(f"layer {name!r} ({type(module).__name__}) cannot run on a sharded graph: fgplugin shards "
+                             "GCNConv, SGConv, LGConv and SAGEConv (mean) of fgplugin.pyg; convert(model) swaps the stock "
+                             "ones, other layers need the whole graph")
+        if isinstance(module, SAGEConv) and module.aggr != "mean":
+            raise ValueError(f"layer {name!r} (SAGEConv, aggr={module.aggr!r}) cannot run on a sharded graph: only the "
+                             "mean aggregation is sharded")
 
 
 def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: ShardingContext,
