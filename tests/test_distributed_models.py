@@ -181,3 +181,34 @@ def test_the_pyg_example_trains_under_torchrun(model):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert f"30 epochs of {model}" in done.stdout and "on 2 ranks" in done.stdout, done.stdout
     assert float(re.findall(r"test accuracy ([0-9.]+)", done.stdout)[-1]) > 0.8, done.stdout
+
+
+def test_two_nodes_rendezvous_on_localhost():
+    """The README's multi-node command, as two torchrun launchers of 2 processes each (two "nodes")
+    meeting through a c10d rendezvous on localhost: 4 ranks train the example together."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    example = Path(__file__).resolve().parents[1] / "examples" / "distributed_pyg.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"fgplugin-test-{port}",
+           str(example), "--backend", "gloo", "--epochs", "10"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outputs = []
+    try:
+        for node in nodes:
+            out, err = node.communicate(timeout=300)
+            outputs.append((node.returncode, out, err))
+    finally:
+        for node in nodes:
+            node.kill()
+    for code, out, err in outputs:
+        assert code == 0, out[-2000:] + err[-4000:]
+    assert any("10 epochs of gcn" in out and "on 4 ranks" in out for _, out, _ in outputs), outputs
