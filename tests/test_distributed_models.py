@@ -212,3 +212,47 @@ def test_two_nodes_rendezvous_on_localhost():
     for code, out, err in outputs:
         assert code == 0, out[-2000:] + err[-4000:]
     assert any("10 epochs of gcn" in out and "on 4 ranks" in out for _, out, _ in outputs), outputs
+
+
+def _resume(rank, world, path):
+    import torch.distributed as dist
+
+    from fgplugin.distributed import ShardingContext, global_mean, masked_loss, replicate, shard
+
+    ctx = ShardingContext(1)
+    local = shard(_data(), ctx)
+
+    def run(model, opt, epochs):
+        losses = []
+        for _ in range(epochs):
+            opt.zero_grad()
+            out = model(local.x, local.adj_t)
+            masked_loss(out, local.y, local.train_mask, ctx).backward()
+            losses.append(global_mean(F.cross_entropy(out[local.train_mask], local.y[local.train_mask],
+                                                      reduction="sum"), local.train_mask.sum(), ctx))
+            opt.step()
+        return losses
+
+    def fresh():
+        model = replicate(_model("gcn"), ctx)
+        return model, torch.optim.Adam(model.parameters(), lr=0.05)
+
+    straight = run(*fresh(), 10)
+    model, opt = fresh()
+    first = run(model, opt, 5)
+    if rank == 0:  # one writer; DDP keeps the ranks' weights and optimizer states equal
+        torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, path)
+    dist.barrier()
+    model, opt = fresh()
+    state = torch.load(path, weights_only=True)
+    model.module.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    return straight, first + run(model, opt, 5)
+
+
+def test_checkpoint_and_resume_continue_the_same_training(tmp_path):
+    """Saved after 5 of 10 epochs (the DDP model's and the optimizer's state, as torch has them)
+    and resumed on every rank, training goes on exactly as without the stop."""
+    ranks = _ok(_launch(2, _resume, str(tmp_path / "ckpt.pt"), deadline_s=120), 2)
+    for rank, (straight, resumed) in ranks.items():
+        assert max(abs(a - b) for a, b in zip(straight, resumed)) < 1e-12, (rank, straight, resumed)
