@@ -128,7 +128,7 @@ def _bad_input(rank, world):
     from torch_geometric.nn import GATConv
 
     import fgplugin.pyg as fg
-    from fgplugin.distributed import ShardingContext, replicate, shard
+    from fgplugin.distributed import ShardingContext, masked_loss, replicate, shard
 
     ctx = ShardingContext(1)
     data = _data()
@@ -147,6 +147,15 @@ def _bad_input(rank, world):
     errors["sage-max-call"] = error_of(lambda: fg.SAGEConv(FEATURES, 4, aggr="max")(local.x.float(), local.adj_t))
     errors["weights"] = error_of(lambda: fg.GCNConv(FEATURES, 4)(local.x.float(), local.adj_t,
                                                                  torch.ones(data.edge_index.shape[1])))
+    errors["flow"] = error_of(lambda: fg.GCNConv(FEATURES, 4, flow="target_to_source")(local.x.float(), local.adj_t))
+    errors["whole-x"] = error_of(lambda: fg.GCNConv(FEATURES, 4)(data.x.float(), local.adj_t))
+    errors["index-mask"] = error_of(lambda: masked_loss(local.x[:, :4], local.y, local.train_mask.nonzero()[:, 0], ctx))
+    # A 16-bit output over more rows than fp16 can count: the loss is still the float32 mean.
+    many = torch.randn(70001, 4, generator=torch.Generator().manual_seed(1))
+    labels = torch.randint(0, 4, (70001,), generator=torch.Generator().manual_seed(2))
+    everywhere = torch.ones(70001, dtype=torch.bool)
+    errors["fp16-loss"] = [float(masked_loss(many.half(), labels, everywhere, ctx)),
+                           float(F.cross_entropy(many.half().float(), labels))]
     other = data.clone()
     if rank == 1:  # this rank was given another graph
         other.edge_index = other.edge_index.flip(0)
@@ -162,6 +171,36 @@ def test_what_cannot_be_sharded_is_refused_by_name():
         assert "SAGEConv" in errors["sage-max-call"] and "sharded graph" in errors["sage-max-call"], errors
         assert "takes no edge weights" in errors["weights"], errors
         assert errors["other-graph"] is not None and "edge hash" in errors["other-graph"], errors
+        assert "flow='target_to_source'" in errors["flow"], errors
+        assert f"x has {N} rows" in errors["whole-x"] and "this rank's shard" in errors["whole-x"], errors
+        assert "must be a bool tensor" in errors["index-mask"], errors
+        got, want = errors["fp16-loss"]
+        assert abs(got - want) < 1e-5 * want, errors["fp16-loss"]
+
+
+def _replica_draws(rank, world):
+    from fgplugin.distributed import ShardingContext, replicate
+
+    ctx = ShardingContext(2)
+    model = _model("gcn")
+    torch.manual_seed(100 + rank)  # every rank differently: replicate() must align the replicas
+    replicate(model, ctx)
+    return ctx.block, torch.rand(8).numpy()
+
+
+def test_replicas_of_a_row_block_draw_the_same_dropout_masks():
+    """1.5D: the replicas of a row block each backpropagate through their own dropout masks, so
+    those must be equal; after replicate() the replicas' random states are."""
+    import numpy as np
+
+    ranks = _ok(_launch(4, _replica_draws, deadline_s=120), 4)
+    by_block = {}
+    for block, draws in ranks.values():
+        by_block.setdefault(block, []).append(draws)
+    assert sorted(by_block) == [0, 1]
+    for draws in by_block.values():
+        assert np.array_equal(draws[0], draws[1])
+    assert not np.array_equal(by_block[0][0], by_block[1][0])
 
 
 @pytest.mark.parametrize("model", ["gcn", "sage"])

@@ -41,7 +41,7 @@ def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int,
     :class:`DeferredAggregation` (built when the compiled graph runs; see _deferred.py), so
     tracing never breaks on it.
     """
-    sharded = _sharded_graph(source, edge_weight, norm, dtype)
+    sharded = _sharded_graph(source, edge_weight, norm, dtype, flip)
     if sharded is not None:
         return sharded
     if torch.compiler.is_compiling() and input_kind(source) == "edge_index":
@@ -54,7 +54,7 @@ def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int,
     return aggregation_of(graph, values_of(source), norm, source if graph.kind == "torch.sparse" else None, dtype)
 
 
-def _sharded_graph(source, edge_weight: Tensor | None, norm: NormSpec, dtype: torch.dtype):
+def _sharded_graph(source, edge_weight: Tensor | None, norm: NormSpec, dtype: torch.dtype, flip: bool = False):
     """The sharded graph of a ``fgplugin.distributed.ShardedAdjacency`` under ``norm`` with scales
     in ``dtype``, or ``None``
     for any other graph input (without that module imported, no input can be one)."""
@@ -64,6 +64,9 @@ def _sharded_graph(source, edge_weight: Tensor | None, norm: NormSpec, dtype: to
     if edge_weight is not None:
         raise ValueError("a sharded graph (fgplugin.distributed.shard) takes no edge weights: its normalization "
                          "comes from the edge counts; drop edge_weight or train in one process")
+    if flip:
+        raise ValueError("a sharded graph aggregates along its edges (flow='source_to_target'); for "
+                         "flow='target_to_source' shard the graph with edge_index.flip(0) and use the default flow")
     # Unweighted, the installed PyG may ignore `improved` (see _aggregation._probe_unweighted_fill).
     improved = norm.kind == "gcn" and _UNWEIGHTED_FILL[norm.improved] == 2.0
     return source.graph(norm.kind, improved, norm.add_self_loops, dtype)
@@ -135,6 +138,11 @@ class FgpluginLayer:
     def _refuse_misfit(self, aggregation, x: Tensor, edge_index) -> None:
         """Raises a clear error where ``aggregation`` cannot take ``x`` and the stock code cannot
         take the graph either (a ``TiledAdjacency``, one a ``cached=True`` layer kept)."""
+        sharding = sys.modules.get("fgplugin.distributed.sharding")
+        if sharding is not None and isinstance(aggregation, sharding.ShardedGraph):
+            raise ValueError(f"{type(self).__name__}: x has {x.size(self.node_dim)} rows (dim {self.node_dim}) on "
+                             f"{x.device}, but this rank's shard of the graph has {aggregation.num_rows} on "
+                             f"{aggregation.device}; pass this rank's rows (shard(data, ctx).x)")
         if aggregation is None or not (isinstance(edge_index, TiledAdjacency) or self._kept_graph(aggregation)):
             return
         what = "the TiledAdjacency" if isinstance(edge_index, TiledAdjacency) else \

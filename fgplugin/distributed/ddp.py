@@ -31,9 +31,42 @@ def replicate(model: torch.nn.Module, ctx: ShardingContext) -> DistributedDataPa
             attention layer, a SAGEConv with another aggregation than the mean), named.
     """
     refuse_unshardable_layers(model)
+    share_random_state_with_replicas(ctx)
     group = dist.new_group(list(range(ctx.world_size)))
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, process_group=group)
+
+
+def share_random_state_with_replicas(ctx: ShardingContext) -> None:
+    """Gives the ``r`` replicas of each row block (1.5D) the random state of the first one, so that
+    they draw the same dropout masks. Each replica computes the same rows but the backward pass
+    hands each a partial gradient that goes through its own masks: with different masks the summed
+    gradient is not the loss's. Nothing to do in 1D. Collective; do not reseed per rank afterwards
+    (seed every rank alike, or not at all)."""
+    group = ctx.row_group
+    if group is None:
+        return
+    src = ctx.block * ctx.replication  # the block's first replica (global rank)
+    states = [torch.get_rng_state()]
+    if ctx.device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(ctx.device))
+    for i, state in enumerate(states):
+        buf = state.to(ctx.device)  # NCCL sends device tensors only
+        dist.broadcast(buf, src, group=group)
+        if i == 0:
+            torch.set_rng_state(buf.cpu())
+        else:
+            torch.cuda.set_rng_state(buf.cpu(), ctx.device)
+
+
+def _mask(mask: torch.Tensor, out: torch.Tensor, what: str) -> torch.Tensor:
+    """``mask`` checked: a bool tensor over this rank's rows (an index tensor would be summed as ids)."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape[:1] != out.shape[:1]:
+        raise ValueError(f"{what}: the mask must be a bool tensor over this rank's {out.shape[0]} rows (shard(data, "
+                         f"ctx).train_mask and the like), got {getattr(mask, 'dtype', type(mask).__name__)} of shape "
+                         f"{tuple(getattr(mask, 'shape', ()))}; turn an index tensor of global ids into a mask of "
+                         "the whole graph before shard()")
+    return mask
 
 
 def refuse_unshardable_layers(model: torch.nn.Module) -> None:
@@ -64,10 +97,15 @@ def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: Sha
     ``N`` the global count (the all-reduced count is ``r * N``: replicas count their rows too). DDP averages the ranks' gradients (``/ p``), and the ``r`` replicas of
     a row block each hold a partial gradient of its rows (their sum is the true one), so the
     result is single-process training's gradient. One small all-reduce (no host sync)."""
-    count = mask.sum().to(out.dtype if out.is_floating_point() else torch.float64).reshape(1)
+    mask = _mask(mask, out, "masked_loss")
+    # Counted in float64 and summed in at least float32: a 16-bit count overflows (fp16: 65504) or rounds.
+    count = mask.sum().to(torch.float64).reshape(1)
     dist.all_reduce(count)
-    local = loss_fn(out[mask], y[mask], reduction="sum")
-    return local * ctx.world_size / count.clamp(min=1)[0]
+    picked = out[mask]
+    if picked.dtype in (torch.float16, torch.bfloat16):
+        picked = picked.float()
+    local = loss_fn(picked, y[mask], reduction="sum")
+    return local * (ctx.world_size / count.clamp(min=1)[0]).to(local.dtype)
 
 
 def global_mean(value_sum: torch.Tensor, count: torch.Tensor, ctx: ShardingContext) -> float:
@@ -79,6 +117,7 @@ def global_mean(value_sum: torch.Tensor, count: torch.Tensor, ctx: ShardingConte
 
 def masked_accuracy(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: ShardingContext) -> float:
     """The share of the rows ``mask`` selects on all ranks whose argmax of ``out`` is ``y``."""
+    mask = _mask(mask, out, "masked_accuracy")
     return global_mean((out[mask].argmax(dim=-1) == y[mask]).sum(), mask.sum(), ctx)
 
 
