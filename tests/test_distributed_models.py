@@ -295,3 +295,37 @@ def test_checkpoint_and_resume_continue_the_same_training(tmp_path):
     ranks = _ok(_launch(2, _resume, str(tmp_path / "ckpt.pt"), deadline_s=120), 2)
     for rank, (straight, resumed) in ranks.items():
         assert max(abs(a - b) for a, b in zip(straight, resumed)) < 1e-12, (rank, straight, resumed)
+
+
+def _killed_rank(rank, world):
+    import os
+    import time
+
+    from fgplugin.distributed import ShardingContext, masked_loss, replicate, shard
+
+    ctx = ShardingContext(1)
+    local = shard(_data(), ctx)
+    model = replicate(_model("gcn"), ctx)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    start = time.monotonic()
+    try:
+        for epoch in range(50):
+            if rank == 1 and epoch == 3:
+                os._exit(1)  # dies mid-training, as a crashed or killed process does
+            opt.zero_grad()
+            masked_loss(model(local.x, local.adj_t), local.y, local.train_mask, ctx).backward()
+            opt.step()
+    except RuntimeError as err:
+        return str(err), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def test_a_killed_rank_stops_the_others_with_an_error_not_a_hang():
+    from test_distributed import TIMEOUT_S
+
+    ranks = _launch(2, _killed_rank, deadline_s=TIMEOUT_S + 60)
+    assert 1 not in ranks and 0 in ranks, ranks
+    status, (message, seconds) = ranks[0]
+    assert status == "ok" and message is not None, ranks[0]
+    assert "remote worker" in message or "Connection" in message, message
+    assert seconds < TIMEOUT_S + 10, seconds
