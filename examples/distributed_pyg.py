@@ -101,8 +101,8 @@ def main():
             with torch.no_grad():
                 out = model(local.x, local.adj_t)
             loss = global_mean(F.cross_entropy(out[local.train_mask], local.y[local.train_mask], reduction="sum"),
-                               local.train_mask.sum(), ctx)
-            test = masked_accuracy(out, local.y, local.test_mask, ctx)
+                               local.train_mask.sum())
+            test = masked_accuracy(out, local.y, local.test_mask)
             if ctx.rank == 0:
                 print(f"epoch {epoch:4d}  train loss {loss:.4f}  test accuracy {test:.3f}", flush=True)
     if ctx.rank == 0:

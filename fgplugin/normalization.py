@@ -57,34 +57,26 @@ def normalization(adj, kind: str = "gcn", *, add_self_loops: bool = True, improv
     if kind == "gcn":
         if not adj.is_square:
             raise ValueError(f"GCN normalization needs a square adjacency (one node set), got shape {adj.shape}")
-        return scales_of_degrees(kind, adj.in_degree(weighted=True, dtype=torch.float64),
-                                 self_loop=adj.self_loop_mask() if add_self_loops else None, improved=improved,
-                                 dtype=dtype)
+        diag = (~adj.self_loop_mask()).to(torch.float64) * (2.0 if improved else 1.0) if add_self_loops else None
+        return scales_of_degrees(kind, adj.in_degree(weighted=True, dtype=torch.float64), diag=diag, dtype=dtype)
     in_deg = adj.in_degree(dtype=torch.float64) if kind in ("mean", "right", "both") else None
     out_deg = adj.out_degree(dtype=torch.float64) if kind in ("left", "both") else None
     return scales_of_degrees(kind, in_deg, out_deg, dtype=dtype)
 
 
 def scales_of_degrees(kind: str, in_degree: torch.Tensor | None, out_degree: torch.Tensor | None = None, *,
-                      self_loop: torch.Tensor | None = None, improved: bool = False,
-                      replace_loops: bool = False, dtype: torch.dtype = torch.float32) -> Normalization:
+                      diag: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> Normalization:
     """The scales of ``kind`` from the (float64) degrees: ``in_degree`` (weighted for ``gcn``),
-    ``out_degree`` for ``left`` and ``both``, and for ``gcn`` each node's self loops
-    (``self_loop``: a mask, or with ``replace_loops`` their count; ``None``: add no loops).
-    ``gcn`` keeps a node's own loops and adds one of weight ``fill`` (1, 2 if ``improved``) where
-    it has none; ``replace_loops`` replaces a node's loops by one of weight ``fill``, which is what
-    PyG's ``GCNConv`` does to an unweighted ``edge_index`` (duplicate loops count once). Computed in
-    float64 and rounded once to ``dtype``, so every path that has the same degrees (one process or
-    sharded) gets the same scales."""
+    ``out_degree`` for ``left`` and ``both``, and for ``gcn`` the weight ``diag`` added to each
+    node's diagonal (``None``: no self loops added). The caller's loop rule decides ``diag``: a
+    fill where a node has no loop (``normalization``), or the fill less the node's own loops, which
+    replaces them by one as PyG's ``GCNConv`` does. Computed in float64 (differentiable in the
+    degrees and ``diag``) and rounded once to ``dtype``, so every path that has the same degrees
+    (one process, sharded, the PyG layers) gets the same scales."""
     if kind == "gcn":
-        diag = None
         deg = in_degree.to(torch.float64)
-        if self_loop is not None:
-            fill = 2.0 if improved else 1.0
-            if replace_loops:
-                diag = fill - self_loop.to(torch.float64)
-            else:
-                diag = (~self_loop.bool()).to(torch.float64) * fill
+        if diag is not None:
+            diag = diag.to(torch.float64)
             deg = deg + diag
         inv_sqrt = deg.rsqrt()
         inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)  # isolated nodes: zero, as PyG

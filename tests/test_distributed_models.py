@@ -94,7 +94,7 @@ def _ranks(rank, world, replication):
 
         def loss_of(o, y, m):
             loss = masked_loss(o, y, m, ctx)
-            value = global_mean(F.cross_entropy(o[m], y[m], reduction="sum"), m.sum(), ctx)
+            value = global_mean(F.cross_entropy(o[m], y[m], reduction="sum"), m.sum())
             return loss, value
 
         out, grads, losses = _train(model, local.x, local.adj_t, local.y, local.train_mask, loss_of)
@@ -268,7 +268,7 @@ def _resume(rank, world, path):
             out = model(local.x, local.adj_t)
             masked_loss(out, local.y, local.train_mask, ctx).backward()
             losses.append(global_mean(F.cross_entropy(out[local.train_mask], local.y[local.train_mask],
-                                                      reduction="sum"), local.train_mask.sum(), ctx))
+                                                      reduction="sum"), local.train_mask.sum()))
             opt.step()
         return losses
 

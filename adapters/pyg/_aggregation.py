@@ -14,6 +14,7 @@ from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 
 from fgplugin import Normalization, TiledAdjacency
+from fgplugin.normalization import scales_of_degrees
 from fgplugin._csr import rows_of_edges
 from fgplugin.aggregation import NO_NORM, Aggregation
 
@@ -106,10 +107,7 @@ def gcn_scales(graph: Graph, adj: TiledAdjacency, values: Tensor | None, improve
         diag = torch.where(last >= 0, (kept - loops).detach(), fill)
     else:
         diag = fill - loops
-    deg = adj.in_degree(weighted=True, dtype=work) + diag
-    inv_sqrt = deg.rsqrt()
-    inv_sqrt = inv_sqrt.masked_fill(inv_sqrt == float("inf"), 0.0).to(dtype)  # as PyG
-    scales = Normalization(inv_sqrt, inv_sqrt, diag.to(dtype))
+    scales = scales_of_degrees("gcn", adj.in_degree(weighted=True, dtype=work), diag=diag, dtype=dtype)
     if cacheable:
         adj._cache[key] = scales
     return scales

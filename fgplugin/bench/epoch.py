@@ -234,12 +234,13 @@ def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3, pre
     return times, None
 
 
-def _failed_rows(graph: str, orders, impls, fields: dict, err: Exception, bar) -> list[dict]:
-    """The rows of a graph that could not be loaded: one per order and impl, with the reason."""
+def _failed_rows(graph: str, orders, impls, fields: dict, error: str, bar) -> list[dict]:
+    """The rows of a graph (or of some of its orders) that could not run: one per order and impl,
+    with the reason."""
     rows = []
     for order in orders:
         for impl in impls:
-            rows.append({"graph": graph, "order": order, "impl": impl, **fields, "error": _error_text(err)})
+            rows.append({"graph": graph, "order": order, "impl": impl, **fields, "error": error})
             if bar:
                 bar.update()
     return rows
@@ -352,7 +353,7 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
         except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
             for model, precision in variants:
                 rows += _failed_rows(name, orders, impls, {"op": "epoch", "model": model, "precision": precision,
-                                                           "ms_median": None}, err, bar)
+                                                           "ms_median": None}, _error_text(err), bar)
             continue
         h = hidden or HIDDEN.get(name, 64)
         log(f"[epoch] {base.name}: {base.num_nodes:,} nodes, {base.edge_index.shape[1]:,} edges, F={base.num_features}, "
@@ -366,12 +367,9 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
                         f"{problem.plan_s:.2f} s, dense share {_dense_share(problem.adj):.3f}")
                 except Exception as err:  # noqa: BLE001
                     for model, precision in variants:
-                        for impl in impls:
-                            rows.append({"graph": base.name, "order": order, "impl": impl, "model": model,
-                                         "precision": precision, "op": "epoch", "ms_median": None,
-                                         "error": f"reorder failed: {_error_text(err)}"})
-                            if bar:
-                                bar.update()
+                        rows += _failed_rows(base.name, [order], impls, {"op": "epoch", "model": model,
+                                             "precision": precision, "ms_median": None},
+                                             f"reorder failed: {_error_text(err)}", bar)
                     continue
             for model, precision in variants:
                 for impl in impls:
@@ -439,7 +437,7 @@ def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugi
         except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
             for precision in precisions:
                 rows += _failed_rows(name, orders, impls, {"op": "accuracy", "value": None, "precision": precision},
-                                     err, bar)
+                                     _error_text(err), bar)
             log(f"[accuracy] {name}: error: {_error_text(err)}")
             continue
         problems = {"original": base}

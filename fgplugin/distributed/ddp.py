@@ -6,7 +6,7 @@ scaled so that the averaged gradients are the single-process ones, and metrics o
     model = replicate(model, ctx)                           # DDP
     loss = masked_loss(model(local.x, local.adj_t), local.y, local.train_mask, ctx)
     loss.backward(); optimizer.step()
-    acc = masked_accuracy(out, local.y, local.test_mask, ctx)
+    acc = masked_accuracy(out, local.y, local.test_mask)
 """
 from __future__ import annotations
 
@@ -47,16 +47,14 @@ def share_random_state_with_replicas(ctx: ShardingContext) -> None:
     if group is None:
         return
     src = ctx.block * ctx.replication  # the block's first replica (global rank)
-    states = [torch.get_rng_state()]
+    generators = [(torch.get_rng_state, torch.set_rng_state)]
     if ctx.device.type == "cuda":
-        states.append(torch.cuda.get_rng_state(ctx.device))
-    for i, state in enumerate(states):
-        buf = state.to(ctx.device)  # NCCL sends device tensors only
-        dist.broadcast(buf, src, group=group)
-        if i == 0:
-            torch.set_rng_state(buf.cpu())
-        else:
-            torch.cuda.set_rng_state(buf.cpu(), ctx.device)
+        generators.append((lambda: torch.cuda.get_rng_state(ctx.device),
+                           lambda state: torch.cuda.set_rng_state(state, ctx.device)))
+    for get_state, set_state in generators:
+        state = get_state().to(ctx.device)  # NCCL sends device tensors only
+        dist.broadcast(state, src, group=group)
+        set_state(state.cpu())
 
 
 def _mask(mask: torch.Tensor, out: torch.Tensor, what: str) -> torch.Tensor:
@@ -108,17 +106,17 @@ def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: Sha
     return local * (ctx.world_size / count.clamp(min=1)[0]).to(local.dtype)
 
 
-def global_mean(value_sum: torch.Tensor, count: torch.Tensor, ctx: ShardingContext) -> float:
+def global_mean(value_sum: torch.Tensor, count: torch.Tensor) -> float:
     """``sum(value_sum) / sum(count)`` over all ranks, replicas counted once."""
     both = torch.stack([value_sum.detach().double().reshape(()), count.detach().double().reshape(())])
     dist.all_reduce(both)
     return float(both[0] / both[1].clamp(min=1))
 
 
-def masked_accuracy(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: ShardingContext) -> float:
+def masked_accuracy(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> float:
     """The share of the rows ``mask`` selects on all ranks whose argmax of ``out`` is ``y``."""
     mask = _mask(mask, out, "masked_accuracy")
-    return global_mean((out[mask].argmax(dim=-1) == y[mask]).sum(), mask.sum(), ctx)
+    return global_mean((out[mask].argmax(dim=-1) == y[mask]).sum(), mask.sum())
 
 
 def gather_rows(local_rows: torch.Tensor, n_id: torch.Tensor, num_nodes: int) -> torch.Tensor:

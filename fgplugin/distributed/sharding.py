@@ -253,11 +253,9 @@ class ShardedGraph:
         # The same float64 degrees as a single process's normalization, so the same float32 scales
         # as its norm(dtype=torch.float32).
         in_deg, has_loop, out_deg = stats
-        row_scale, col_scale, diag = scales_of_degrees(norm, in_deg, out_deg,
-                                                       self_loop=None if not add_self_loops else
-                                                       has_loop if replace_loops else has_loop > 0,
-                                                       improved=improved, replace_loops=replace_loops,
-                                                       dtype=scale_dtype)
+        fill = 2.0 if improved else 1.0
+        diag = None if not add_self_loops else fill - has_loop if replace_loops else (has_loop == 0) * fill
+        row_scale, col_scale, diag = scales_of_degrees(norm, in_deg, out_deg, diag=diag, dtype=scale_dtype)
         del stats
         # Symmetric structure and equal row and column scales: the normalized blocks satisfy
         # A_gj^T = A_jg, so the backward runs the forward product and needs no transposed blocks.
