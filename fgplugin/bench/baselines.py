@@ -142,17 +142,31 @@ def _transpose_csr(rowptr, col, row, values, n):
 
 
 class _SpMM(torch.autograd.Function):
-    """``A @ h`` with ``A`` a CSR built by ``make_fwd()`` per call; backward ``A^T @ g`` on a
-    transposed CSR given once."""
+    """``A @ h`` with ``A = graph.csr(h.dtype)`` asked for per call; backward ``A^T @ g`` on
+    ``graph.transposed(g.dtype)``. Both in the features' dtype: cuSPARSE multiplies no float32
+    matrix with 16-bit features, so under autocast the graph keeps a 16-bit copy of its values, as
+    a user running this model under autocast would have to."""
 
     @staticmethod
-    def forward(ctx, h, make_fwd, transposed):
-        ctx.transposed = transposed
-        return torch.sparse.mm(make_fwd(), h)
+    def forward(ctx, h, graph):
+        ctx.graph = graph
+        return torch.sparse.mm(graph.csr(h.dtype), h)
 
     @staticmethod
     def backward(ctx, grad):
-        return torch.sparse.mm(ctx.transposed, grad.contiguous()), None, None
+        return torch.sparse.mm(ctx.graph.transposed(grad.dtype), grad.contiguous()), None
+
+
+class _PerDtype:
+    """Built once per dtype: ``get(dtype, make)``."""
+
+    def __init__(self):
+        self._made = {}
+
+    def get(self, dtype, make):
+        if dtype not in self._made:
+            self._made[dtype] = make()
+        return self._made[dtype]
 
 
 class DGLPathGraph:
@@ -163,15 +177,21 @@ class DGLPathGraph:
     def __init__(self, edge_index: torch.Tensor, num_nodes: int, self_loops: bool = True):
         rowptr, col, row = _csr_of(edge_index, num_nodes, self_loops)
         self.n = num_nodes
-        self.rowptr, self.col = rowptr, col
-        self.ones = torch.ones(col.numel(), device=col.device)
-        self.transposed = _transpose_csr(rowptr, col, row, self.ones, num_nodes)
+        self.rowptr, self.col, self.row = rowptr, col, row
+        self._ones, self._transposed = _PerDtype(), _PerDtype()
         self.in_deg = torch.diff(rowptr).float()
         self.out_deg = torch.bincount(col, minlength=num_nodes).float()
 
-    def csr(self):
+    def _ones_of(self, dtype):
+        return self._ones.get(dtype, lambda: torch.ones(self.col.numel(), device=self.col.device, dtype=dtype))
+
+    def csr(self, dtype=torch.float32):
         """A fresh CSR tensor per call: torch.sparse.mm then sets up cuSPARSE from scratch (uncached)."""
-        return _csr_tensor(self.rowptr, self.col, self.ones, self.n)
+        return _csr_tensor(self.rowptr, self.col, self._ones_of(dtype), self.n)
+
+    def transposed(self, dtype=torch.float32):
+        return self._transposed.get(dtype, lambda: _transpose_csr(self.rowptr, self.col, self.row,
+                                                                   self._ones_of(dtype), self.n))
 
 
 class DGLPathConv(nn.Module):
@@ -187,16 +207,16 @@ class DGLPathConv(nn.Module):
         norm_src = g.out_deg.clamp(min=1).pow(-0.5)
         h = x * norm_src.unsqueeze(1)
         if self.weight.shape[0] > self.weight.shape[1]:
-            h = _SpMM.apply(h @ self.weight, g.csr, g.transposed)
+            h = _SpMM.apply(h @ self.weight, g)
         else:
-            h = _SpMM.apply(h, g.csr, g.transposed) @ self.weight
+            h = _SpMM.apply(h, g) @ self.weight
         norm_dst = g.in_deg.clamp(min=1).pow(-0.5)
         return h * norm_dst.unsqueeze(1) + self.bias
 
 
 class CachedCSRGraph:
     """``D^-1/2 (A + I) D^-1/2`` (``norm="gcn"``) or ``D^-1 A`` (``"mean"``) as a CSR tensor and
-    its transpose, both built once."""
+    its transpose, both built once (per dtype)."""
 
     def __init__(self, edge_index: torch.Tensor, num_nodes: int, norm: str = "gcn"):
         rowptr, col, row = _csr_of(edge_index, num_nodes, self_loops=norm == "gcn")
@@ -205,11 +225,17 @@ class CachedCSRGraph:
             values = deg.rsqrt()[row] * deg.rsqrt()[col]
         else:
             values = deg.reciprocal()[row]
-        self.fwd = _csr_tensor(rowptr, col, values, num_nodes)
-        self.transposed = _transpose_csr(rowptr, col, row, values, num_nodes)
+        fwd = _csr_tensor(rowptr, col, values, num_nodes)
+        transposed = _transpose_csr(rowptr, col, row, values, num_nodes)
+        self._fwd, self._transposed = _PerDtype(), _PerDtype()
+        self._fwd.get(values.dtype, lambda: fwd)
+        self._transposed.get(values.dtype, lambda: transposed)
 
-    def csr(self):
-        return self.fwd
+    def csr(self, dtype=torch.float32):
+        return self._fwd.get(dtype, lambda: self.csr().to(dtype))
+
+    def transposed(self, dtype=torch.float32):
+        return self._transposed.get(dtype, lambda: self.transposed().to(dtype))
 
 
 class CachedCSRConv(DGLPathConv):
@@ -217,9 +243,9 @@ class CachedCSRConv(DGLPathConv):
 
     def forward(self, x, g: CachedCSRGraph):
         if self.weight.shape[0] > self.weight.shape[1]:
-            h = _SpMM.apply(x @ self.weight, g.csr, g.transposed)
+            h = _SpMM.apply(x @ self.weight, g)
         else:
-            h = _SpMM.apply(x, g.csr, g.transposed) @ self.weight
+            h = _SpMM.apply(x, g) @ self.weight
         return h + self.bias
 
 
@@ -235,7 +261,7 @@ class DGLPathSAGEConv(nn.Module):
         self.root = nn.Parameter(root.clone())
 
     def _mean(self, h, g):
-        return _SpMM.apply(h, g.csr, g.transposed) / g.in_deg.clamp(min=1).unsqueeze(1)
+        return _SpMM.apply(h, g) / g.in_deg.clamp(min=1).unsqueeze(1)
 
     def forward(self, x, g: DGLPathGraph):
         if self.weight.shape[0] > self.weight.shape[1]:
@@ -249,7 +275,7 @@ class CachedCSRSAGEConv(DGLPathSAGEConv):
     """SAGE (mean) on the cached ``D^-1 A``: one cached SpMM, ``W_l`` on the narrow side."""
 
     def _mean(self, h, g: CachedCSRGraph):
-        return _SpMM.apply(h, g.csr, g.transposed)
+        return _SpMM.apply(h, g)
 
 
 class _DGLConv(nn.Module):
