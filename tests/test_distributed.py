@@ -130,7 +130,7 @@ def _trainer(data, replication, comm, perm_kind, edge_index=None):
 
 
 def _weights(trainer):
-    return {k: v.detach().clone().numpy() for k, v in trainer.model.state_dict().items()}
+    return {k: v.detach().clone().numpy() for k, v in trainer.model.module.state_dict().items()}
 
 
 def _odd_graph():
@@ -340,7 +340,7 @@ def _train_configs(path, configs, tmpdir):
     trainer.save_checkpoint(ckpt)
     for replication, comm in ((configs[-1][0], configs[-1][1]), (1, "broadcast")):
         resumed = _trainer(data, replication, comm, None)
-        torch.nn.init.normal_(resumed.model.weights[0])  # must be overwritten by the checkpoint
+        torch.nn.init.normal_(resumed.model.module.weights[0])  # must be overwritten by the checkpoint
         start = resumed.load_checkpoint(ckpt)
         assert start == EPOCHS // 2
         while resumed.epoch < EPOCHS:

@@ -23,8 +23,9 @@ Algorithm 2 with one part per row block, node ids kept in their block):
 - ``spmm_ms``: SpMM time per epoch (the slowest rank; ``spmm_local_ms``: the own block's
   products, which overlap the transfers, ``spmm_remote_ms``: the other blocks'), ``pack_ms``:
   gathering rows into send buffers and adding received ones in, ``comm_ms``: *exposed*
-  communication (time the rank's stream waited for a transfer or an all-reduce, the gradient
-  all-reduce included; hidden transfers cost nothing), ``compute_ms`` = epoch - comm;
+  communication of the graph (time the rank's stream waited for a row transfer; hidden transfers
+  cost nothing; DDP's gradient all-reduce runs inside the backward pass and is not split out),
+  ``compute_ms`` = epoch - comm;
   ``imbalance`` = max / mean over ranks of the SpMM time; ``symmetric``: the backward ran the
   forward product (symmetric normalized adjacency) instead of the transposed blocks;
 - ``peak_mem_bytes``: largest per-rank peak of the run itself (shard, activations, buffers;

@@ -1,10 +1,6 @@
-"""Full-batch training across ranks: a GCN from fgplugin ops, and a wrapper that makes the loss,
-the gradients and the metrics global, with checkpoint and resume.
-
-The loss is the global mean over training nodes. Each rank computes the sum over its training
-rows and divides by ``r * (global count)``: the ``r`` replicas of a row block compute the same
-rows, and the distributed SpMM hands each replica a *partial* gradient (their sum is the true
-one), so all-reducing the weight gradients with SUM gives exactly the single-process gradient.
+"""Full-batch training across ranks: a GCN over fgplugin's one aggregation path, and a training
+loop on ``DistributedDataParallel`` with global metrics, checkpoint and resume (the loss scaling
+that makes DDP's averaged gradients the single-process ones is :func:`masked_loss`'s).
 """
 from __future__ import annotations
 
@@ -20,6 +16,7 @@ from torch import nn
 from .. import parallel_dropout
 from ..aggregation import aggregate
 from .context import RankFailureError, timeout_seconds
+from .ddp import global_mean, masked_accuracy, masked_loss, replicate
 from .sharding import ShardedGraph
 
 _CHECKPOINT_FORMAT = 1
@@ -66,17 +63,20 @@ class DistGCN(nn.Module):
 
 class DistributedTrainer:
     r"""Full-batch training of ``model`` on a :class:`ShardedGraph`, identical (up to float
-    rounding) to training it in one process on the whole graph.
+    rounding) to training it in one process on the whole graph: a thin loop over torch's engine
+    and fgplugin.distributed's helpers (:func:`replicate`: DDP; :func:`masked_loss`;
+    :func:`global_mean`), with checkpoint and resume.
 
     Args:
         model: any module whose ``forward(graph, x)`` aggregates over ``graph`` (e.g. :class:`DistGCN`);
-            its parameters are replicated: rank 0's are broadcast at construction.
+            it is wrapped in ``DistributedDataParallel`` (rank 0's weights broadcast at
+            construction; ``trainer.model.module`` is yours).
         graph: this rank's :class:`ShardedGraph`.
         x, y: this rank's rows of features and labels (``graph.rows(...)``).
         train_mask: this rank's rows of the training mask; ``val_mask``, ``test_mask`` likewise
             (optional) for :meth:`evaluate`.
         optimizer: over ``model.parameters()``; its state stays replicated because every rank
-            applies the same all-reduced gradients.
+            applies the same averaged gradients.
 
     A failed collective (a rank died, hung past the timeout, or diverged) raises
     :class:`RankFailureError` naming the timeout instead of hanging.
@@ -84,26 +84,23 @@ class DistributedTrainer:
 
     def __init__(self, model: nn.Module, graph: ShardedGraph, x, y, train_mask, optimizer, *, val_mask=None,
                  test_mask=None):
-        self.model, self.graph, self.x, self.y, self.optimizer = model, graph, x, y, optimizer
+        self.graph, self.x, self.y, self.optimizer = graph, x, y, optimizer
         self.masks = {"train": train_mask, "val": val_mask, "test": test_mask}
-        self.idx = {k: None if m is None else m.nonzero().squeeze(1) for k, m in self.masks.items()}
-        self.r = graph.ctx.replication
         self.epoch = 0
         with self._guard("setup"):
-            for p in model.parameters():
-                dist.broadcast(p.data, 0)
-            counts = torch.tensor([0 if i is None else i.numel() for i in self.idx.values()], dtype=torch.long,
-                                  device=graph.ctx.device)
+            self.model = replicate(model, graph.ctx)
+            counts = torch.tensor([0 if m is None else int(m.sum()) for m in self.masks.values()],
+                                  dtype=torch.long, device=graph.ctx.device)
             dist.all_reduce(counts)
-        self.counts = {k: int(c) // self.r for k, c in zip(self.idx, counts)}
-        if self.counts["train"] == 0:
+        if int(counts[0]) == 0:
             raise ValueError("the training mask selects no node on any rank")
 
     def _guard(self, what: str):
         return _CollectiveGuard(what, self.graph.ctx.rank)
 
     def step(self, metrics: bool = True) -> dict[str, float]:
-        """One full-batch epoch: forward, backward, gradient all-reduce, optimizer step.
+        """One full-batch epoch: forward, backward (DDP averages the gradients during it),
+        optimizer step.
 
         Returns the global training loss and accuracy (one extra small all-reduce), or ``{}``
         when ``metrics=False`` (no host sync; what benchmarks time).
@@ -112,47 +109,28 @@ class DistributedTrainer:
             self.model.train()
             self.optimizer.zero_grad(set_to_none=False)
             out = self.model(self.graph, self.x)
-            idx = self.idx["train"]
-            logits = out[idx]
-            loss_sum = F.cross_entropy(logits, self.y[idx], reduction="sum")
-            (loss_sum / (self.counts["train"] * self.r)).backward()
-            with self.graph.region("comm"):  # it waits for the slowest rank: exposed communication
-                self._allreduce_grads()
+            masked_loss(out, self.y, self.masks["train"], self.graph.ctx).backward()
             self.optimizer.step()
             self.epoch += 1
             if not metrics:
                 return {}
-            stats = torch.stack([loss_sum.detach().double(), (logits.argmax(1) == self.y[idx]).sum().double()])
-            dist.all_reduce(stats)
-        loss, correct = (stats / self.r).tolist()
-        return {"loss": loss / self.counts["train"], "train_acc": correct / self.counts["train"]}
-
-    def _allreduce_grads(self) -> None:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p)
-            offset += n
+            mask = self.masks["train"]
+            logits, labels = out[mask].detach(), self.y[mask]
+            loss = global_mean(F.cross_entropy(logits, labels, reduction="sum"), mask.sum())
+            accuracy = masked_accuracy(out.detach(), self.y, mask)
+        return {"loss": loss, "train_acc": accuracy}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Global accuracy on each mask given (train, val, test)."""
         with self._guard("evaluate"):
             self.model.eval()
-            pred = self.model(self.graph, self.x).argmax(1)
-            correct = torch.stack([torch.zeros((), dtype=torch.long, device=pred.device) if i is None
-                                   else (pred[i] == self.y[i]).sum() for i in self.idx.values()])
-            dist.all_reduce(correct)
-        return {f"{k}_acc": int(c) / self.r / self.counts[k] for k, c in zip(self.idx, correct)
-                if self.idx[k] is not None and self.counts[k]}
+            out = self.model(self.graph, self.x)
+            return {f"{k}_acc": masked_accuracy(out, self.y, m) for k, m in self.masks.items() if m is not None}
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        return {"format": _CHECKPOINT_FORMAT, "epoch": self.epoch, "model": self.model.state_dict(),
+        return {"format": _CHECKPOINT_FORMAT, "epoch": self.epoch, "model": self.model.module.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "graph": self.graph.fingerprint[:4]}
 
     def save_checkpoint(self, path) -> None:
@@ -182,7 +160,7 @@ class DistributedTrainer:
         if list(state["graph"]) != list(self.graph.fingerprint[:4]):
             raise ValueError(f"{path} was written for another graph (fingerprint {state['graph']} vs "
                              f"{self.graph.fingerprint[:4]} here)")
-        self.model.load_state_dict(state["model"])
+        self.model.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch = int(state["epoch"])
         return self.epoch
