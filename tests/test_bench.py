@@ -88,8 +88,9 @@ def test_every_baseline_matches_stock_pyg():
         if impl in ("dgl", "fgplugin-dgl") and not _has("dgl"):
             continue
         model, graph, _ = B.build(impl, w, ei, n)
+        net = model.module if impl == "fgplugin-sharded" else model  # that one is under DDP
         # what convert() gives: fgplugin's dropout in the fgplugin models with all their parts
-        assert type(model.dropout) is (fgplugin.Dropout if impl in B.FGPLUGIN_DROPOUT else torch.nn.Dropout), impl
+        assert type(net.dropout) is (fgplugin.Dropout if impl in B.FGPLUGIN_DROPOUT else torch.nn.Dropout), impl
         model.eval()
         out = model(x, graph)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5, msg=lambda m: f"{impl}: {m}")

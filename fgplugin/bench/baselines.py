@@ -17,6 +17,8 @@ Implementations, from the same weights (:func:`reference_weights`):
   (constant) input every step (fgplugin.input_cache), the last layer's backward product reads
   every row of its gradient (fgplugin.grad_rows), and dropout is torch's. The kernels' share of
   the ``fgplugin`` row's gain;
+- ``fgplugin-sharded``: the ``fgplugin`` model through fgplugin.distributed on a one-rank process
+  group (``shard`` + ``replicate``): the distributed wrapper's cost over ``fgplugin``;
 - ``fgplugin-torch-dropout``: ``fgplugin`` with torch's dropout (``convert(model, dropout=False)``),
   which separates the gain of fgplugin's CPU dropout (fgplugin.parallel_dropout) from the rest;
 - ``fgplugin-dgl``: :class:`fgplugin.dgl.GraphConv` (what ``fgplugin.dgl.convert`` gives) on the
@@ -52,11 +54,12 @@ IMPLS = ("fgplugin", "dgl", "dgl-path", "cusparse-cached", "pyg-edge_index", "py
 # fgplugin variants (fgplugin plus a suffix): fgplugin.dgl.GraphConv on the DGL graph, which keeps
 # DGL's order of operations (aggregate first when in_feats <= out_feats), so it pairs with `dgl`; fgplugin
 # without the input cache and zero-row skipping (run_one switches them off) and with torch's dropout; and
-# fgplugin with torch's dropout only.
-VARIANTS = ("fgplugin-dgl", "fgplugin-kernels", "fgplugin-torch-dropout")
+# fgplugin with torch's dropout only; and fgplugin's model run through fgplugin.distributed on one rank
+# (shard + DDP), whose difference to fgplugin is the distributed wrapper's cost.
+VARIANTS = ("fgplugin-dgl", "fgplugin-kernels", "fgplugin-torch-dropout", "fgplugin-sharded")
 MODELS = ("gcn", "gcn-input-dropout", "sage")
 FGPLUGIN_PYG = ("fgplugin", "fgplugin-kernels", "fgplugin-torch-dropout")  # the same convs
-FGPLUGIN_DROPOUT = ("fgplugin", "fgplugin-dgl")  # what convert() gives: fgplugin.Dropout
+FGPLUGIN_DROPOUT = ("fgplugin", "fgplugin-dgl", "fgplugin-sharded")  # what convert() gives: fgplugin.Dropout
 
 
 class ImplUnavailable(RuntimeError):
@@ -360,12 +363,14 @@ def unavailable(impl: str, device) -> str | None:
 def _import(impl: str, device: torch.device) -> None:
     if impl not in IMPLS + VARIANTS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS + VARIANTS)}")
-    if impl in (*FGPLUGIN_PYG, "pyg-edge_index", "pyg-adj_t"):
+    if impl in (*FGPLUGIN_PYG, "fgplugin-sharded", "pyg-edge_index", "pyg-adj_t"):
         require_pyg()
         import torch_geometric.nn  # noqa: F401
         import torch_geometric.transforms  # noqa: F401
         if impl in FGPLUGIN_PYG:
             import fgplugin.pyg  # noqa: F401
+        if impl == "fgplugin-sharded":
+            import fgplugin.distributed  # noqa: F401
     elif impl in ("dgl", "fgplugin-dgl"):
         require_dgl(device)
         import dgl.nn  # noqa: F401
@@ -434,6 +439,10 @@ def build(impl: str, weights: Weights, edge_index: torch.Tensor, num_nodes: int,
             import fgplugin.dgl as module
             module.structure(graph)  # the tile plan, cached on the graph: preprocessing, not the first epoch
         convs = [_dgl_conv(model, module, *layer) for layer in weights.layers()]
+    elif impl == "fgplugin-sharded":
+        import fgplugin.pyg as module
+        graph = _one_rank_adjacency(edge_index, num_nodes)
+        convs = [_pyg_conv(model, module, *layer) for layer in weights.layers()]
     elif impl == "dgl-path":
         graph = DGLPathGraph(edge_index, num_nodes, self_loops=not sage)
         convs = [DGLPathSAGEConv(w, b, r) if sage else DGLPathConv(w, b) for w, b, r in weights.layers()]
@@ -450,4 +459,27 @@ def build(impl: str, weights: Weights, edge_index: torch.Tensor, num_nodes: int,
     else:
         dropout_cls = nn.Dropout
     input_dropout = dropout_cls(dropout) if model == "gcn-input-dropout" else None
-    return TwoLayers(*convs, dropout=dropout_cls(dropout), input_dropout=input_dropout).to(device), graph, setup
+    net = TwoLayers(*convs, dropout=dropout_cls(dropout), input_dropout=input_dropout).to(device)
+    if impl == "fgplugin-sharded":
+        from fgplugin.distributed import replicate
+        net = replicate(net, graph.ctx)
+    return net, graph, setup
+
+
+def _one_rank_adjacency(edge_index: torch.Tensor, num_nodes: int):
+    """``fgplugin.distributed``'s sharded adjacency of the whole graph on a process group of this
+    process alone (NCCL on a GPU, gloo on the CPU; made here when none exists): what one rank of
+    the distributed wrapper runs, timed in the same process as plain ``fgplugin``."""
+    import torch.distributed as dist
+    from fgplugin.distributed import ShardedAdjacency, ShardingContext
+
+    device = edge_index.device
+    if not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if dist.get_world_size() != 1:
+        raise ImplUnavailable("fgplugin-sharded times one rank; this process is in a group of "
+                              f"{dist.get_world_size()} (run the scaling suite for several)")
+    return ShardedAdjacency(ShardingContext(1), edge_index, num_nodes)

@@ -57,8 +57,8 @@ def parser() -> argparse.ArgumentParser:
                                      "reddit-like,proteins-like,products-like,archaea-like")
     ap.add_argument("--impls", help="comma list. epoch/reorder/accuracy: fgplugin, dgl, dgl-path, cusparse-cached, "
                                     "pyg-edge_index, pyg-adj_t, fgplugin-kernels, fgplugin-dgl, "
-                                    "fgplugin-torch-dropout (default: all that can run here, fgplugin-torch-dropout "
-                                    "on CPU only; accuracy: pyg-edge_index,fgplugin). spmm/threshold: fgplugin, "
+                                    "fgplugin-torch-dropout, fgplugin-sharded (default: all that can run here but "
+                                    "fgplugin-sharded, fgplugin-torch-dropout on CPU only; accuracy: pyg-edge_index,fgplugin). spmm/threshold: fgplugin, "
                                     "fgplugin-nodense, fgplugin-csr, fgplugin-t2, fgplugin-t5, fgplugin-t10, "
                                     "cusparse-cached (default: all; threshold: fgplugin and fgplugin-t*)")
     ap.add_argument("--orders", default=None,
