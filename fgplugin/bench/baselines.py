@@ -482,4 +482,4 @@ def _one_rank_adjacency(edge_index: torch.Tensor, num_nodes: int):
     if dist.get_world_size() != 1:
         raise ImplUnavailable("fgplugin-sharded times one rank; this process is in a group of "
                               f"{dist.get_world_size()} (run the scaling suite for several)")
-    return ShardedAdjacency(ShardingContext(1), edge_index, num_nodes)
+    return ShardedAdjacency(ShardingContext(1), edge_index, num_nodes, threshold="auto")  # as fgplugin_adjacency
