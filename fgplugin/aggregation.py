@@ -34,6 +34,7 @@ layers' ``torch.compile`` path has one of its own (``fgplugin.pyg``), and
 """
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import torch
@@ -105,6 +106,14 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
     if weight is not None and weight.shape[0] > weight.shape[1]:
         return _aggregate_transformed(graph, x, weight, bias, hops, node_dim)
     return transform_with_bias(_propagate(graph, x, hops, node_dim), weight, bias)
+
+
+def is_distributed(obj, module: str, name: str) -> bool:
+    """Whether ``obj`` is an instance of class ``name`` of ``fgplugin.distributed.<module>`` (for
+    the adapters, which take a sharded graph where they take a graph); without that module
+    imported nothing can be one, and fgplugin.distributed is not imported for the test."""
+    loaded = sys.modules.get(f"fgplugin.distributed.{module}")
+    return loaded is not None and isinstance(obj, getattr(loaded, name))
 
 
 def _propagate(graph, x: Tensor, hops: int, node_dim: int = 0) -> Tensor:

@@ -16,12 +16,13 @@ from torch import Tensor
 
 from fgplugin import Normalization, TiledAdjacency
 from fgplugin._csr import aux_dtype_for
-from fgplugin.aggregation import Aggregation, aggregate, linear_parts
+from fgplugin.aggregation import Aggregation, aggregate, is_distributed, linear_parts
 
 from ._import_shim import import_dgl
 
 import_dgl()  # through the shim, before anything below imports DGL
 from dgl.nn.pytorch import conv as dgl_conv  # noqa: E402
+from dgl.base import DGLError  # noqa: E402
 from dgl.utils import expand_as_pair  # noqa: E402
 
 
@@ -76,6 +77,25 @@ def _aggregation(graph, found: Structure, edge_weight, layer: str, row_scale=Non
     return Aggregation(found.adj, Normalization(row_scale, col_scale, None), (structure(graph).adj, edge_weight, layer))
 
 
+def _is_sharded(graph) -> bool:
+    return is_distributed(graph, "sharded_data", "ShardedAdjacency")
+
+
+def _sharded_graph(adj, kind: str, feat, edge_weight, allow_zero_in_degree: bool):
+    """The sharded graph of a ``fgplugin.distributed.ShardedAdjacency`` (:func:`shard_dgl`) under
+    ``kind``, with DGL's loop rule (the edges as they are) and its zero-in-degree check."""
+    if edge_weight is not None:
+        raise ValueError("a sharded graph (fgplugin.distributed.shard_dgl) takes no edge weights: its normalization "
+                         "comes from the edge counts; drop edge_weight or train in one process")
+    if not isinstance(feat, Tensor) or feat.dim() != 2 or feat.shape[0] != adj.num_rows:
+        raise ValueError(f"on a sharded graph the features are this rank's {adj.num_rows} rows, one tensor "
+                         f"(shard_dgl's ndata), got {type(feat).__name__} of shape {tuple(getattr(feat, 'shape', ()))}")
+    if not allow_zero_in_degree and adj.zero_in_degree:
+        raise DGLError("There are 0-in-degree nodes in the graph, output for those nodes will be invalid. Add self "
+                       "loops before shard_dgl (dgl.add_self_loop) or pass allow_zero_in_degree=True to the layer.")
+    return adj.graph(kind, add_self_loops=False, replace_loops=False, scale_dtype=aux_dtype_for(feat.dtype))
+
+
 class _Named:
     """Mixin: ``print(model)`` names the fgplugin layer."""
 
@@ -94,13 +114,21 @@ class GraphConv(_Named, dgl_conv.GraphConv):
     """
 
     def forward(self, graph, feat, weight=None, edge_weight=None):
-        feat_src, _ = expand_as_pair(feat, graph)
-        found = _served(graph, feat_src, edge_weight)
-        if found is None or (found.zero_in_degree and not self._allow_zero_in_degree) \
-                or (weight is not None and self.weight is not None):
-            return super().forward(graph, feat, weight=weight, edge_weight=edge_weight)
-        row_scale, col_scale, _ = found.adj.norm(self._norm, dtype=aux_dtype_for(feat_src.dtype))
-        aggregation = _aggregation(graph, found, edge_weight, f"GraphConv-{self._norm}", row_scale, col_scale)
+        if _is_sharded(graph):
+            if weight is not None and self.weight is not None:
+                raise DGLError("External weight is provided while at the same time the module has defined its own "
+                               "weight parameter. Please create the module with flag weight=False.")
+            kind = {"both": "both", "right": "mean", "left": "left", "none": "none"}[self._norm]
+            aggregation = _sharded_graph(graph, kind, feat, edge_weight, self._allow_zero_in_degree)
+            feat_src = feat
+        else:
+            feat_src, _ = expand_as_pair(feat, graph)
+            found = _served(graph, feat_src, edge_weight)
+            if found is None or (found.zero_in_degree and not self._allow_zero_in_degree) \
+                    or (weight is not None and self.weight is not None):
+                return super().forward(graph, feat, weight=weight, edge_weight=edge_weight)
+            row_scale, col_scale, _ = found.adj.norm(self._norm, dtype=aux_dtype_for(feat_src.dtype))
+            aggregation = _aggregation(graph, found, edge_weight, f"GraphConv-{self._norm}", row_scale, col_scale)
         rst = aggregate(aggregation, feat_src, weight=self.weight if weight is None else weight, bias=self.bias,
                         owner=self)
         return rst if self._activation is None else self._activation(rst)
@@ -112,18 +140,25 @@ class SAGEConv(_Named, dgl_conv.SAGEConv):
     ``forward(graph, feat, edge_weight=None)`` and results as the stock layer."""
 
     def forward(self, graph, feat, edge_weight=None):
-        feat_src = feat[0] if isinstance(feat, tuple) else feat
-        found = _served(graph, feat_src, edge_weight) if self._aggre_type == "mean" else None
-        if found is None:
-            return super().forward(graph, feat, edge_weight=edge_weight)
-        if isinstance(feat, tuple):
-            feat_src, feat_dst = self.feat_drop(feat[0]), self.feat_drop(feat[1])
-        else:
+        if _is_sharded(graph):
+            if self._aggre_type != "mean":
+                raise ValueError(f"SAGEConv(aggregator_type={self._aggre_type!r}) cannot run on a sharded graph: only "
+                                 "the mean aggregation is sharded")
+            aggregation = _sharded_graph(graph, "mean", feat, edge_weight, allow_zero_in_degree=True)
             feat_src = feat_dst = self.feat_drop(feat)
-            if graph.is_block:
-                feat_dst = feat_src[: graph.number_of_dst_nodes()]
-        scale = found.adj.norm("mean", dtype=aux_dtype_for(feat_src.dtype)).row_scale
-        aggregation = _aggregation(graph, found, edge_weight, "SAGEConv-mean", scale)
+        else:
+            feat_src = feat[0] if isinstance(feat, tuple) else feat
+            found = _served(graph, feat_src, edge_weight) if self._aggre_type == "mean" else None
+            if found is None:
+                return super().forward(graph, feat, edge_weight=edge_weight)
+            if isinstance(feat, tuple):
+                feat_src, feat_dst = self.feat_drop(feat[0]), self.feat_drop(feat[1])
+            else:
+                feat_src = feat_dst = self.feat_drop(feat)
+                if graph.is_block:
+                    feat_dst = feat_src[: graph.number_of_dst_nodes()]
+            scale = found.adj.norm("mean", dtype=aux_dtype_for(feat_src.dtype)).row_scale
+            aggregation = _aggregation(graph, found, edge_weight, "SAGEConv-mean", scale)
         parts = linear_parts(self.fc_neigh)
         if parts is None:
             h_neigh = self.fc_neigh(aggregate(aggregation, feat_src, owner=self))
@@ -147,17 +182,27 @@ class SGConv(_Named, dgl_conv.SGConv):
     """
 
     def forward(self, graph, feat, edge_weight=None):
-        found = _served(graph, feat, edge_weight) if self._cached_h is None else None
-        if found is None or (found.zero_in_degree and not self._allow_zero_in_degree) \
-                or (edge_weight is not None and bool((edge_weight <= 0).any())):
-            return super().forward(graph, feat, edge_weight=edge_weight)
-        adj, dtype = found.adj, aux_dtype_for(feat.dtype)
-        if edge_weight is None:
-            row_scale = col_scale = adj.in_degree(dtype=torch.float64).clamp(min=1).rsqrt().to(dtype)
+        if _is_sharded(graph):
+            if self._cached_h is not None:
+                return self.fc(self._cached_h)
+            # DGL's SGConv scales both sides by the in-degree^-1/2: gcn without self loops, which
+            # differs (zero, not one) at a source without in-edges, so those are refused here
+            if graph.zero_in_degree:
+                raise ValueError("SGConv on a sharded graph needs an in-edge at every node: add self loops "
+                                 "(dgl.add_self_loop) before shard_dgl")
+            aggregation = _sharded_graph(graph, "gcn", feat, edge_weight, allow_zero_in_degree=True)
         else:
-            row_scale = _positive_rsqrt(adj.in_degree(weighted=True, dtype=torch.float64)).to(dtype)
-            col_scale = _positive_rsqrt(adj.out_degree(weighted=True, dtype=torch.float64)).to(dtype)
-        aggregation = _aggregation(graph, found, edge_weight, "SGConv", row_scale, col_scale)
+            found = _served(graph, feat, edge_weight) if self._cached_h is None else None
+            if found is None or (found.zero_in_degree and not self._allow_zero_in_degree) \
+                    or (edge_weight is not None and bool((edge_weight <= 0).any())):
+                return super().forward(graph, feat, edge_weight=edge_weight)
+            adj, dtype = found.adj, aux_dtype_for(feat.dtype)
+            if edge_weight is None:
+                row_scale = col_scale = adj.in_degree(dtype=torch.float64).clamp(min=1).rsqrt().to(dtype)
+            else:
+                row_scale = _positive_rsqrt(adj.in_degree(weighted=True, dtype=torch.float64)).to(dtype)
+                col_scale = _positive_rsqrt(adj.out_degree(weighted=True, dtype=torch.float64)).to(dtype)
+            aggregation = _aggregation(graph, found, edge_weight, "SGConv", row_scale, col_scale)
         feat = aggregate(aggregation, feat, hops=self._k, owner=self)
         if self.norm is not None:
             feat = self.norm(feat)

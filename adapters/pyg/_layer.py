@@ -3,7 +3,6 @@ handing a call to the stock code (hooks, explain mode, TorchScript)."""
 from __future__ import annotations
 
 import copy
-import sys
 
 import torch
 from torch import Tensor
@@ -12,7 +11,7 @@ from torch_geometric.nn.dense.linear import Linear
 
 from fgplugin import TiledAdjacency
 from fgplugin._csr import aux_dtype_for
-from fgplugin.aggregation import Aggregation, linear_parts
+from fgplugin.aggregation import Aggregation, is_distributed, linear_parts
 
 from ._aggregation import _UNWEIGHTED_FILL, NONE, NormSpec, aggregation_of
 from ._deferred import DeferredAggregation
@@ -54,17 +53,10 @@ def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int,
     return aggregation_of(graph, values_of(source), norm, source if graph.kind == "torch.sparse" else None, dtype)
 
 
-def _is_distributed(obj, module: str, name: str) -> bool:
-    """Whether ``obj`` is an instance of class ``name`` of ``fgplugin.distributed.<module>``; without
-    that module imported nothing can be one, and fgplugin.distributed is not imported for the test."""
-    loaded = sys.modules.get(f"fgplugin.distributed.{module}")
-    return loaded is not None and isinstance(obj, getattr(loaded, name))
-
-
 def _sharded_graph(source, edge_weight: Tensor | None, norm: NormSpec, dtype: torch.dtype, flip: bool = False):
     """The sharded graph of a ``fgplugin.distributed.ShardedAdjacency`` under ``norm`` with scales
     in ``dtype``, or ``None`` for any other graph input."""
-    if not _is_distributed(source, "sharded_data", "ShardedAdjacency"):
+    if not is_distributed(source, "sharded_data", "ShardedAdjacency"):
         return None
     if edge_weight is not None:
         raise ValueError("a sharded graph (fgplugin.distributed.shard) takes no edge weights: its normalization "
@@ -80,7 +72,7 @@ def _sharded_graph(source, edge_weight: Tensor | None, norm: NormSpec, dtype: to
 def is_ours(cache) -> bool:
     """Whether a layer's graph cache holds one of fgplugin's aggregations (a sharded graph too),
     not a normalized graph the stock code cached."""
-    return isinstance(cache, (Aggregation, DeferredAggregation)) or _is_distributed(cache, "sharding", "ShardedGraph")
+    return isinstance(cache, (Aggregation, DeferredAggregation)) or is_distributed(cache, "sharding", "ShardedGraph")
 
 
 def fits(aggregation, x: Tensor, node_dim: int, n_dst: int | None = None) -> bool:
@@ -140,7 +132,7 @@ class FgpluginLayer:
     def _refuse_misfit(self, aggregation, x: Tensor, edge_index) -> None:
         """Raises a clear error where ``aggregation`` cannot take ``x`` and the stock code cannot
         take the graph either (a ``TiledAdjacency``, one a ``cached=True`` layer kept)."""
-        if _is_distributed(aggregation, "sharding", "ShardedGraph"):
+        if is_distributed(aggregation, "sharding", "ShardedGraph"):
             raise ValueError(f"{type(self).__name__}: x has {x.size(self.node_dim)} rows (dim {self.node_dim}) on "
                              f"{x.device}, but this rank's shard of the graph has {aggregation.num_rows} on "
                              f"{aggregation.device}; pass this rank's rows (shard(data, ctx).x)")
@@ -159,7 +151,7 @@ class FgpluginLayer:
         return any(getattr(self, name, None) is aggregation for name in self._graph_caches)
 
     def _stock_forward(self, *args):
-        if len(args) > 1 and _is_distributed(args[1], "sharded_data", "ShardedAdjacency"):
+        if len(args) > 1 and is_distributed(args[1], "sharded_data", "ShardedAdjacency"):
             raise ValueError(f"{type(self).__name__} ({self}) cannot aggregate over a sharded graph in this call: only "
                              "fgplugin's own aggregations (GCNConv, SGConv, LGConv, SAGEConv with aggr='mean', no hooks, "
                              "not in explain mode) run across ranks; the stock code needs the whole graph")

@@ -68,24 +68,40 @@ def _mask(mask: torch.Tensor, out: torch.Tensor, what: str) -> torch.Tensor:
 
 
 def refuse_unshardable_layers(model: torch.nn.Module) -> None:
-    """Raises ``ValueError`` naming the first PyG message-passing layer of ``model`` that fgplugin
-    cannot run on a sharded graph: any that is not one of fgplugin's drop-in layers (convert the
-    model first), and a ``SAGEConv`` aggregating other than by the mean."""
+    """Raises ``ValueError`` naming the first graph layer of ``model`` (PyG message passing or a
+    DGL conv) that fgplugin cannot run on a sharded graph: any that is not one of fgplugin's
+    drop-in layers (convert the model first), and a ``SAGEConv`` aggregating other than by the
+    mean."""
+    for name, module in model.named_modules():
+        why = _pyg_refusal(module) or _dgl_refusal(module)
+        if why:
+            raise ValueError(f"layer {name!r} ({type(module).__name__}{why}")
+
+
+def _pyg_refusal(module) -> str | None:
     conv = sys.modules.get("torch_geometric.nn.conv")
-    if conv is None:  # without PyG imported the model has no PyG layer
-        return
+    if conv is None or not isinstance(module, conv.MessagePassing):  # without PyG imported no layer is one
+        return None
     from fgplugin.pyg import GCNConv, LGConv, SAGEConv, SGConv
 
-    for name, module in model.named_modules():
-        if not isinstance(module, conv.MessagePassing):
-            continue
-        if not isinstance(module, (GCNConv, SGConv, LGConv, SAGEConv)):
-            raise ValueError(f"layer {name!r} ({type(module).__name__}) cannot run on a sharded graph: fgplugin shards "
-                             "GCNConv, SGConv, LGConv and SAGEConv (mean) of fgplugin.pyg; convert(model) swaps the stock "
-                             "ones, other layers need the whole graph")
-        if isinstance(module, SAGEConv) and module.aggr != "mean":
-            raise ValueError(f"layer {name!r} (SAGEConv, aggr={module.aggr!r}) cannot run on a sharded graph: only the "
-                             "mean aggregation is sharded")
+    if not isinstance(module, (GCNConv, SGConv, LGConv, SAGEConv)):
+        return (") cannot run on a sharded graph: fgplugin shards GCNConv, SGConv, LGConv and SAGEConv (mean) of "
+                "fgplugin.pyg; convert(model) swaps the stock ones, other layers need the whole graph")
+    if isinstance(module, SAGEConv) and module.aggr != "mean":
+        return f", aggr={module.aggr!r}) cannot run on a sharded graph: only the mean aggregation is sharded"
+    return None
+
+
+def _dgl_refusal(module) -> str | None:
+    if "dgl.nn.pytorch.conv" not in sys.modules or not type(module).__module__.startswith("dgl.nn.pytorch.conv"):
+        if not type(module).__module__.startswith("fgplugin.dgl"):
+            return None
+        if getattr(module, "_aggre_type", "mean") != "mean":
+            return (f", aggregator_type={module._aggre_type!r}) cannot run on a sharded graph: only the mean "
+                    "aggregation is sharded")
+        return None
+    return (") cannot run on a sharded graph: fgplugin shards GraphConv, SAGEConv (mean) and SGConv of "
+            "fgplugin.dgl; fgplugin.dgl.convert(model) swaps the stock ones, other layers need the whole graph")
 
 
 def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: ShardingContext,

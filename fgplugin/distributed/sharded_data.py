@@ -4,6 +4,9 @@ of every node attribute and an ``adj_t`` that the drop-in layers take as they ta
     local = shard(data, ctx)                      # every rank, same arguments
     out = model(local.x, local.adj_t)             # a model of fgplugin.pyg layers, unchanged
 
+    adj, ndata = shard_dgl(g, ctx)                # a DGL graph
+    out = model(adj, ndata["feat"])               # a model of fgplugin.dgl layers, unchanged
+
 The layers ask the :class:`ShardedAdjacency` for the normalization they apply (GCN with or without
 self loops, the neighbourhood mean); each is a :class:`~fgplugin.distributed.sharding.ShardedGraph`
 built on first use, so the exchange of the rows a rank reads from the others happens inside each
@@ -17,9 +20,11 @@ import torch
 from .context import ShardingContext
 from .sharding import ShardedGraph
 
-# What the PyG layers' normalizations map to: GCNConv, SGConv (gcn), LGConv (gcn without self
-# loops), SAGEConv with mean aggregation (mean); "none" is the plain sum.
-_KINDS = ("gcn", "mean", "none")
+# What the layers' normalizations map to. PyG: GCNConv, SGConv (gcn), LGConv (gcn without self
+# loops), SAGEConv with mean aggregation (mean). DGL: GraphConv's norm both/right/left/none (both,
+# mean, left, none), SGConv (gcn without self loops: in-degrees on both sides), SAGEConv mean
+# (mean). "none" is the plain sum.
+_KINDS = ("gcn", "mean", "both", "left", "none")
 
 
 class ShardedAdjacency:
@@ -42,25 +47,39 @@ class ShardedAdjacency:
     def __init__(self, ctx: ShardingContext, edge_index: torch.Tensor, num_nodes: int, perm=None, **options):
         self.ctx, self.edge_index, self.num_nodes, self.perm, self.options = ctx, edge_index, int(num_nodes), perm, options
         self._graphs: dict[tuple, ShardedGraph] = {}
+        self._zero_in_degree: bool | None = None
         self.base = self.graph("gcn")  # checks that the ranks agree, and fixes the row blocks
 
     def graph(self, kind: str, improved: bool = False, add_self_loops: bool = True,
-              scale_dtype: torch.dtype = torch.float32) -> ShardedGraph:
-        """The sharded graph normalized as ``kind`` (``gcn``, ``mean`` or ``none``) with scales in
-        ``scale_dtype`` (float64 for float64 features), built once."""
+              scale_dtype: torch.dtype = torch.float32, replace_loops: bool = True) -> ShardedGraph:
+        """The sharded graph normalized as ``kind`` (``gcn``, ``mean``, ``both``, ``left`` or
+        ``none``) with scales in ``scale_dtype`` (float64 for float64 features), built once.
+        ``replace_loops`` is the PyG layers' rule for an unweighted ``edge_index`` (their GCN
+        counts one self loop per node, duplicates included); DGL's layers count the edges as
+        they are (``False``)."""
         if kind not in _KINDS:
             raise ValueError(f"a sharded graph serves the normalizations {_KINDS}, not {kind!r}")
-        key = (kind, bool(improved), bool(add_self_loops)) if kind == "gcn" else (kind, False, True)
+        if kind == "gcn":
+            key = (kind, bool(improved), bool(add_self_loops), bool(replace_loops) and bool(add_self_loops))
+        else:
+            key = (kind, False, False, False)  # no diagonal term: the loop options change nothing
         key += (scale_dtype,)
         found = self._graphs.get(key)
         if found is None:
-            # replace_loops: the PyG layers' rule for an unweighted edge_index (its GCN keeps one
-            # self loop per node, duplicates included)
             found = ShardedGraph.from_edge_index(self.ctx, self.edge_index, self.num_nodes, perm=self.perm, norm=kind,
-                                                 improved=key[1], add_self_loops=key[2], replace_loops=True,
+                                                 improved=key[1], add_self_loops=key[2], replace_loops=key[3],
                                                  scale_dtype=scale_dtype, **self.options)
             self._graphs[key] = found
         return found
+
+    @property
+    def zero_in_degree(self) -> bool:
+        """Whether some node of the whole graph has no in-edge (DGL's layers refuse such graphs
+        unless ``allow_zero_in_degree``); counted once."""
+        if self._zero_in_degree is None:
+            targets = torch.as_tensor(self.edge_index[1])
+            self._zero_in_degree = bool((torch.bincount(targets, minlength=self.num_nodes) == 0).any())
+        return self._zero_in_degree
 
     @property
     def num_rows(self) -> int:
@@ -107,3 +126,17 @@ def shard(data, ctx: ShardingContext, *, perm=None, **options):
             local[key] = value
     local.adj_t, local.num_nodes, local.n_id = adj, adj.num_rows, adj.global_ids()
     return local
+
+
+def shard_dgl(graph, ctx: ShardingContext, *, perm=None, **options) -> tuple[ShardedAdjacency, dict]:
+    """This rank's part of a DGL graph (one node and edge type): ``(adj, ndata)``, where ``adj`` is
+    a :class:`ShardedAdjacency` of the graph's edges as they are (add self loops before, as for
+    DGL's ``GraphConv``) that ``fgplugin.dgl``'s layers take in place of the graph, and ``ndata``
+    this rank's rows of every node feature (``graph.ndata``). Call it on every rank with the same
+    arguments; ``perm`` and ``options`` as for :class:`ShardedAdjacency`."""
+    if len(graph.canonical_etypes) != 1 or len(graph.ntypes) != 1:
+        raise ValueError(f"shard_dgl takes a graph of one node and one edge type, got node types {graph.ntypes} and "
+                         f"edge types {graph.canonical_etypes}; shard each relation's homogeneous graph instead")
+    src, dst = graph.edges(order="eid")
+    adj = ShardedAdjacency(ctx, torch.stack([src, dst]).to(torch.long), graph.num_nodes(), perm, **options)
+    return adj, {key: adj.rows(value) for key, value in graph.ndata.items()}

@@ -63,7 +63,7 @@ _CHUNK = 1 << 24  # edges read per step while sharding (bounds temporaries; work
 # an all-gather of 8% more rows that the own block's product mostly hid), so at half the rows
 # the two are roughly even. One measured point (92% read: broadcast 12.2 ms, sparse 16.2 ms).
 AUTO_SPARSE_MAX_SHARE = 0.5
-NORMS = ("gcn", "mean", "both", "none")
+NORMS = ("gcn", "mean", "both", "none", "left")
 
 
 @dataclass
@@ -167,7 +167,8 @@ class ShardedGraph:
             perm: reordering, new -> old (use ``fgplugin.reorder.reorder(..., parts=ctx.num_blocks)``
                 for Algorithm 2: one part per row block); ``None`` keeps the given ids.
             norm: ``"gcn"`` (:math:`D^{-1/2}(A+I)D^{-1/2}` with PyG's remaining-self-loops rule),
-                ``"mean"``, ``"both"`` (DGL) or ``"none"``; degrees are those of the whole graph.
+                ``"mean"``, ``"both"`` and ``"left"`` (DGL) or ``"none"``; degrees are those of the whole
+                graph.
             improved: GCN with self-loop weight 2.
             add_self_loops: GCN with self loops added where a node has none (``False``: LightGCN's
                 and ``GCNConv(add_self_loops=False)``'s normalization).
@@ -245,7 +246,7 @@ class ShardedGraph:
             stats[0, s:s + n_own] = torch.bincount(dst, minlength=n_own).to(torch.float64)
             loops = dst[src == dst + s]
             stats[1, s:s + n_own].index_add_(0, loops, torch.ones_like(loops, dtype=torch.float64))
-            if norm == "both":
+            if norm in ("both", "left"):
                 stats[2] = torch.bincount(src, minlength=n).to(torch.float64)
         asymmetric = torch.tensor([0 if symmetric else 1], dtype=torch.long, device=device)
         dist.all_reduce(stats)

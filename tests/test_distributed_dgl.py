@@ -1,0 +1,166 @@
+"""A DGL model of fgplugin.dgl layers on a graph sharded by fgplugin.distributed.shard_dgl + DDP, on
+CPUs with gloo: on 2 and 4 ranks (1D and 1.5D) the outputs, gradients and losses of stock DGL's
+layers trained in one process on the whole graph, in float64 to rounding."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import require_dgl
+from test_distributed import _launch, _ok
+
+N, FEATURES, CLASSES, EPOCHS = 150, 12, 4, 6
+# (layer, options): every normalization of GraphConv, SAGEConv mean, SGConv
+MODELS = ("graphconv-both", "graphconv-right", "graphconv-left", "graphconv-none", "sage", "sg")
+
+
+def _graph():
+    """A directed random graph with duplicate edges and self loops added (as DGL's GCN example
+    does), features, labels and a training mask: the same on every rank (seeded)."""
+    dgl = require_dgl()
+    g = torch.Generator().manual_seed(12)
+    src, dst = torch.randint(0, N, (2, 900), generator=g)
+    graph = dgl.add_self_loop(dgl.graph((src, dst), num_nodes=N))
+    graph.ndata["feat"] = torch.randn(N, FEATURES, generator=g, dtype=torch.float64)
+    graph.ndata["label"] = torch.randint(0, CLASSES, (N,), generator=g)
+    graph.ndata["train_mask"] = torch.rand(N, generator=g) < 0.3
+    return graph
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, kind, nn):
+        super().__init__()
+        if kind.startswith("graphconv"):
+            norm = kind.split("-")[1]
+            self.convs = torch.nn.ModuleList([nn.GraphConv(FEATURES, 16, norm=norm), nn.GraphConv(16, CLASSES, norm=norm)])
+        elif kind == "sage":
+            self.convs = torch.nn.ModuleList([nn.SAGEConv(FEATURES, 16, "mean"), nn.SAGEConv(16, CLASSES, "mean")])
+        else:
+            self.convs = torch.nn.ModuleList([nn.SGConv(FEATURES, CLASSES, k=2)])
+
+    def forward(self, graph, x):
+        for i, conv in enumerate(self.convs):
+            x = conv(graph, x)
+            if i + 1 < len(self.convs):
+                x = x.relu()
+        return x
+
+
+def _model(kind, nn):
+    torch.manual_seed(3)
+    return _Net(kind, nn).double()
+
+
+def _train(model, graph, x, y, mask, loss_of):
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    out, grads, losses = None, None, []
+    for epoch in range(EPOCHS):
+        opt.zero_grad()
+        o = model(graph, x)
+        loss, value = loss_of(o, y, mask)
+        loss.backward()
+        if epoch == 0:
+            out, grads = o.detach(), [p.grad.clone() for p in model.parameters()]
+        losses.append(value)
+        opt.step()
+    return out, grads, losses
+
+
+def _stock(kind):
+    """Stock DGL's layers on the whole graph in one process."""
+    dgl = require_dgl()
+    graph = _graph()
+    mask = graph.ndata["train_mask"]
+    return _train(_model(kind, dgl.nn), graph, graph.ndata["feat"], graph.ndata["label"], mask,
+                  lambda o, y, m: (F.cross_entropy(o[m], y[m]), float(F.cross_entropy(o[m], y[m]).detach())))
+
+
+def _ranks(rank, world, replication):
+    import fgplugin.dgl as fd
+    from fgplugin.distributed import (ShardingContext, gather_rows, global_mean, masked_loss, replicate,
+                                      shard_dgl)
+
+    ctx = ShardingContext(replication)
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(5))
+    adj, ndata = shard_dgl(_graph(), ctx, perm=perm)
+    results = {}
+    for kind in MODELS:
+        model = replicate(_model(kind, fd), ctx)
+
+        def loss_of(o, y, m):
+            return masked_loss(o, y, m, ctx), global_mean(F.cross_entropy(o[m], y[m], reduction="sum"), m.sum())
+
+        out, grads, losses = _train(model, adj, ndata["feat"], ndata["label"], ndata["train_mask"], loss_of)
+        results[kind] = (gather_rows(out, adj.global_ids(), N).numpy(), [g.numpy() for g in grads], losses)
+    return results
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {kind: _stock(kind) for kind in MODELS}
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+@pytest.mark.parametrize("world, replication", [(2, 1), (4, 2)])
+def test_dgl_models_on_a_sharded_graph_match_stock_dgl_in_one_process(world, replication, references):
+    ranks = _ok(_launch(world, _ranks, replication, deadline_s=300), world)
+    for rank, results in ranks.items():
+        for kind, (out, grads, losses) in results.items():
+            ref_out, ref_grads, ref_losses = references[kind]
+            assert _rel(torch.from_numpy(out), ref_out) < 1e-9, (rank, kind, "output")
+            for got, want in zip(grads, ref_grads):
+                assert _rel(torch.from_numpy(got), want) < 1e-9, (rank, kind, "gradient")
+            assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 1e-9, (rank, kind, losses, ref_losses)
+
+
+def _bad_input(rank, world):
+    dgl = require_dgl()
+    import fgplugin.dgl as fd
+    from fgplugin.distributed import ShardingContext, replicate, shard_dgl
+
+    ctx = ShardingContext(1)
+    graph = _graph()
+    adj, ndata = shard_dgl(graph, ctx)
+    x = ndata["feat"].float()
+    errors = {}
+
+    def error_of(fn):
+        try:
+            fn()
+        except (ValueError, dgl.DGLError) as err:
+            return str(err)
+        return None
+
+    errors["gat"] = error_of(lambda: replicate(torch.nn.Sequential(dgl.nn.GATConv(FEATURES, 4, 1)), ctx))
+    errors["stock-graphconv"] = error_of(lambda: replicate(torch.nn.Sequential(dgl.nn.GraphConv(FEATURES, 4)), ctx))
+    errors["sage-pool"] = error_of(lambda: replicate(torch.nn.Sequential(fd.SAGEConv(FEATURES, 4, "pool")), ctx))
+    errors["sage-pool-call"] = error_of(lambda: fd.SAGEConv(FEATURES, 4, "pool")(adj, x))
+    errors["weights"] = error_of(lambda: fd.GraphConv(FEATURES, 4)(adj, x, edge_weight=torch.ones(graph.num_edges())))
+    errors["whole-x"] = error_of(lambda: fd.GraphConv(FEATURES, 4)(adj, graph.ndata["feat"].float()[:-1]))
+    bare = dgl.graph(graph.edges(), num_nodes=N + 3)  # three nodes without in-edges
+    bare_adj, bare_data = shard_dgl(bare, ctx)
+    feats = torch.randn(bare_adj.num_rows, FEATURES)
+    errors["zero-in-degree"] = error_of(lambda: fd.GraphConv(FEATURES, 4)(bare_adj, feats))
+    errors["zero-in-degree-allowed"] = error_of(lambda: fd.GraphConv(FEATURES, 4, allow_zero_in_degree=True)(bare_adj, feats))
+    errors["sg-zero-in-degree"] = error_of(lambda: fd.SGConv(FEATURES, 4, allow_zero_in_degree=True)(bare_adj, feats))
+    hetero = dgl.heterograph({("a", "r", "b"): (torch.tensor([0]), torch.tensor([0]))})
+    errors["hetero"] = error_of(lambda: shard_dgl(hetero, ctx))
+    return errors
+
+
+def test_what_cannot_be_sharded_is_refused_by_name():
+    ranks = _ok(_launch(2, _bad_input, deadline_s=120), 2)
+    for rank, errors in ranks.items():
+        assert "'0' (GATConv) cannot run on a sharded graph" in errors["gat"], errors
+        assert "'0' (GraphConv) cannot run on a sharded graph" in errors["stock-graphconv"], errors
+        assert "convert(model)" in errors["stock-graphconv"], errors
+        assert "'pool'" in errors["sage-pool"] and "only the mean" in errors["sage-pool"], errors
+        assert "'pool'" in errors["sage-pool-call"] and "sharded graph" in errors["sage-pool-call"], errors
+        assert "takes no edge weights" in errors["weights"], errors
+        assert "this rank's" in errors["whole-x"], errors
+        assert "0-in-degree" in errors["zero-in-degree"] and "allow_zero_in_degree" in errors["zero-in-degree"], errors
+        assert errors["zero-in-degree-allowed"] is None, errors
+        assert "add self loops" in errors["sg-zero-in-degree"], errors
+        assert "one node and one edge type" in errors["hetero"], errors
