@@ -73,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hidden", type=int, default=None, help="hidden width (default 128 reddit/proteins/archaea-like, "
                                                             "else 64)")
     ap.add_argument("--seeds", default="0,1,2,3,4", help="accuracy: comma list of seeds")
-    ap.add_argument("--models", default=None, help="epoch: comma list of gcn (default), gcn-input-dropout (dropout "
+    ap.add_argument("--models", default=None, help="epoch and accuracy: comma list of gcn (default), gcn-input-dropout (dropout "
                                                    "on the input too, as PyG's examples/gcn.py), sage (2-layer "
                                                    "SAGEConv, mean)")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default cuda when available; spmm and "
@@ -118,6 +118,17 @@ def _prog() -> list[str]:
     if script.name == "__main__.py":
         return ["python", "-m", "fgplugin.bench"] if script.parent.name == "bench" else ["python", "-m", "fgplugin", "bench"]
     return ["fgplugin", "bench"]
+
+
+def _models(args, ap) -> list[str]:
+    """The epoch and accuracy suites' ``--models`` (default gcn), checked against ``MODELS``."""
+    from .baselines import MODELS
+
+    models = _list(args.models) or ["gcn"]
+    bad = [m for m in models if m not in MODELS]
+    if bad:
+        ap.error(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS)}")
+    return models
 
 
 def _precisions(args, ap, known) -> list[str]:
@@ -287,10 +298,7 @@ def main(argv=None) -> int:
     if args.suite == "epoch":
         graphs = graphs or list(epoch.GPU_GRAPHS if device.type == "cuda" else epoch.CPU_GRAPHS)
         epochs = args.epochs or 20
-        models = _list(args.models) or ["gcn"]
-        bad = [m for m in models if m not in MODELS]
-        if bad:
-            ap.error(f"unknown model(s) {', '.join(bad)}; choose from {', '.join(MODELS)}")
+        models = _models(args, ap)
         precisions = _precisions(args, ap, epoch.AUTOCAST)
         extra_keys.update(epochs_timed=epochs, warmup=args.warmup, models=models, precisions=precisions)
 
@@ -309,9 +317,10 @@ def main(argv=None) -> int:
         epochs = args.epochs or 200
         seeds = [int(s) for s in _list(args.seeds)]
         precisions = _precisions(args, ap, epoch.AUTOCAST)
+        models = _models(args, ap)
         rows = epoch.run_accuracy_suite(graphs, impls, orders, seeds, epochs, args.hidden or 64, device,
-                                        progress=bar, log=_log, precisions=precisions)
-        extra_keys.update(epochs=epochs, seeds=seeds, precisions=precisions)
+                                        progress=bar, log=_log, precisions=precisions, models=models)
+        extra_keys.update(epochs=epochs, seeds=seeds, precisions=precisions, models=models)
     res = report.result(args.suite, rows, device, argv=command, commit=args.commit, loadavg_start=load_start,
                         **extra_keys)
     paths = report.write(res, args.out, args.name, log=_log)

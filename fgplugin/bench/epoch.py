@@ -400,14 +400,16 @@ def _dense_share(adj) -> float:
 
 
 # ---------------------------------------------------------------- accuracy parity
-def train_accuracy(impl: str, problem: Problem, epochs: int, hidden: int, seed: int, precision: str = "fp32") -> float:
-    """Test accuracy after ``epochs`` full-batch epochs (Adam, lr 0.01, weight decay 5e-4, dropout
-    0.5); weights and dropout stream seeded by ``seed``. ``precision`` ``bf16`` or ``fp16`` runs the
-    forward under ``torch.autocast`` in that dtype (fp16 with a ``GradScaler``, as torch's AMP
-    recipe has it), for every impl alike."""
-    weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, problem.x.device)
+def train_accuracy(impl: str, problem: Problem, epochs: int, hidden: int, seed: int, precision: str = "fp32",
+                   model_name: str = "gcn") -> float:
+    """Test accuracy of ``model_name`` (``baselines.MODELS``) after ``epochs`` full-batch epochs
+    (Adam, lr 0.01, weight decay 5e-4, dropout 0.5); weights and dropout stream seeded by ``seed``.
+    ``precision`` ``bf16`` or ``fp16`` runs the forward under ``torch.autocast`` in that dtype
+    (fp16 with a ``GradScaler``, as torch's AMP recipe has it), for every impl alike."""
+    weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, problem.x.device,
+                                          root=model_name == "sage")
     model, graph, _ = baselines.build(impl, weights, problem.edge_index, problem.num_nodes,
-                                      adj=problem.adj if impl == "fgplugin" else None)
+                                      adj=problem.adj if impl == "fgplugin" else None, model=model_name)
     torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
     scaler = grad_scaler(problem.x.device, precision)
@@ -423,21 +425,22 @@ def train_accuracy(impl: str, problem: Problem, epochs: int, hidden: int, seed: 
 
 def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugin"), orders=("original", "community"),
                        seeds=(0, 1, 2, 3, 4), epochs: int = 200, hidden: int = 64, device="cpu", progress=None,
-                       log=print, precisions=("fp32",)) -> list[dict]:
+                       log=print, precisions=("fp32",), models=("gcn",)) -> list[dict]:
     """Rows ``op="accuracy"`` (``value`` = mean test accuracy over ``seeds``, ``values`` each seed's,
-    ``std``) for every (graph, order, impl, precision); the same seeds for every impl. Every impl runs on
+    ``std``) for every (graph, order, model, impl, precision); the same seeds for every impl. Every impl runs on
     every order: a reordered graph gives the same function but puts each dropout mask on other
     nodes, so each order's own stock run is what fgplugin's compares with."""
     device = torch.device(device)
     rows = []
-    bar = progress(len(graphs) * len(orders) * len(impls) * len(precisions)) if progress else None
+    variants = [(m, p) for m in models for p in precisions]
+    bar = progress(len(graphs) * len(orders) * len(impls) * len(variants)) if progress else None
     for name in graphs:
         try:
             base = load(name, device, 0)
         except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
-            for precision in precisions:
-                rows += _failed_rows(name, orders, impls, {"op": "accuracy", "value": None, "precision": precision},
-                                     _error_text(err), bar)
+            for model, precision in variants:
+                rows += _failed_rows(name, orders, impls, {"op": "accuracy", "value": None, "model": model,
+                                                           "precision": precision}, _error_text(err), bar)
             log(f"[accuracy] {name}: error: {_error_text(err)}")
             continue
         problems = {"original": base}
@@ -448,16 +451,18 @@ def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugi
                 except Exception as err:  # noqa: BLE001
                     problems[order] = f"reorder failed: {_error_text(err)}"
         for order in orders:
-            for precision in precisions:
+            for model, precision in variants:
                 for impl in impls:
-                    row = {"graph": base.name, "order": order, "impl": impl, "op": "accuracy", "F": base.num_features,
-                           "hidden": hidden, "precision": precision, "epochs": epochs, "seeds": list(seeds)}
-                    what = f"[accuracy] {base.name} {order:<10} {precision:<4} {impl:<16}"
+                    row = {"graph": base.name, "order": order, "impl": impl, "op": "accuracy", "model": model,
+                           "F": base.num_features, "hidden": hidden, "precision": precision, "epochs": epochs,
+                           "seeds": list(seeds)}
+                    what = f"[accuracy] {base.name} {order:<10} {model:<17} {precision:<4} {impl:<16}"
                     start = time.perf_counter()
                     try:
                         if isinstance(problems[order], str):
                             raise RuntimeError(problems[order])
-                        values = [train_accuracy(impl, problems[order], epochs, hidden, s, precision) for s in seeds]
+                        values = [train_accuracy(impl, problems[order], epochs, hidden, s, precision, model)
+                                  for s in seeds]
                         row.update(value=statistics.mean(values), std=statistics.pstdev(values), values=values,
                                    seconds=time.perf_counter() - start)
                         log(f"{what} {row['value']:.4f} +- {row['std']:.4f}")

@@ -130,18 +130,18 @@ def accuracy_summary(rows: list[dict]) -> str:
     if not acc:
         return ""
     keys = list(dict.fromkeys((r["impl"], r["order"], r.get("precision", "fp32")) for r in acc))
-    graphs = list(dict.fromkeys(r["graph"] for r in acc))
-    val = {(r["graph"], r["impl"], r["order"], r.get("precision", "fp32")): r for r in acc}
+    rows_of = list(dict.fromkeys((r["graph"], r.get("model", "gcn")) for r in acc))
+    val = {(r["graph"], r.get("model", "gcn"), r["impl"], r["order"], r.get("precision", "fp32")): r for r in acc}
     lines = [f"Test accuracy, mean +- std over seeds {acc[0].get('seeds')} after {acc[0].get('epochs')} epochs.", "",
-             "| graph | " + " | ".join(f"{i} ({o}{'' if p == 'fp32' else ', ' + p})" for i, o, p in keys) + " |",
-             "|---|" + "---|" * len(keys)]
-    for g in graphs:
+             "| graph | model | " + " | ".join(f"{i} ({o}{'' if p == 'fp32' else ', ' + p})" for i, o, p in keys) + " |",
+             "|---|---|" + "---|" * len(keys)]
+    for g, model in rows_of:
         cells = []
         for k in keys:
-            r = val.get((g, *k))
+            r = val.get((g, model, *k))
             cells.append("-" if r is None else "error" if r.get("value") is None
                          else f"{r['value']:.4f} +- {r['std']:.4f}")
-        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+        lines.append(f"| {g} | {model} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
