@@ -6,6 +6,7 @@ import torch as _torch
 
 from . import _extension, config, ops as _ops, parallel_dropout
 from .config import set_input_cache, set_row_skipping
+from .graphed import graphed_step
 from .normalization import Normalization, normalization
 from .ops import spmm
 from .parallel_dropout import Dropout, dropout
@@ -32,4 +33,4 @@ def extension_status() -> "_extension.ExtensionStatus":
 
 
 __all__ = ["TiledAdjacency", "TileStats", "Normalization", "normalization", "spmm", "extension_status",
-           "set_input_cache", "set_row_skipping", "dropout", "Dropout"]
+           "set_input_cache", "set_row_skipping", "dropout", "Dropout", "graphed_step"]

@@ -17,6 +17,8 @@ Implementations, from the same weights (:func:`reference_weights`):
   (constant) input every step (fgplugin.input_cache), the last layer's backward product reads
   every row of its gradient (fgplugin.grad_rows), and dropout is torch's. The kernels' share of
   the ``fgplugin`` row's gain;
+- ``fgplugin-graphed``: the ``fgplugin`` model trained by :func:`fgplugin.graphed_step` (the whole
+  step captured as one CUDA graph; eager, with a warning, off CUDA);
 - ``fgplugin-sharded``: the ``fgplugin`` model through fgplugin.distributed on a one-rank process
   group (``shard`` + ``replicate``): the distributed wrapper's cost over ``fgplugin``;
 - ``fgplugin-torch-dropout``: ``fgplugin`` with torch's dropout (``convert(model, dropout=False)``),
@@ -55,11 +57,13 @@ IMPLS = ("fgplugin", "dgl", "dgl-path", "cusparse-cached", "pyg-edge_index", "py
 # DGL's order of operations (aggregate first when in_feats <= out_feats), so it pairs with `dgl`; fgplugin
 # without the input cache and zero-row skipping (run_one switches them off) and with torch's dropout; and
 # fgplugin with torch's dropout only; and fgplugin's model run through fgplugin.distributed on one rank
-# (shard + DDP), whose difference to fgplugin is the distributed wrapper's cost.
-VARIANTS = ("fgplugin-dgl", "fgplugin-kernels", "fgplugin-torch-dropout", "fgplugin-sharded")
+# (shard + DDP), whose difference to fgplugin is the distributed wrapper's cost; and fgplugin's model
+# trained by a step captured as one CUDA graph (fgplugin.graphed_step).
+VARIANTS = ("fgplugin-dgl", "fgplugin-kernels", "fgplugin-torch-dropout", "fgplugin-sharded", "fgplugin-graphed")
 MODELS = ("gcn", "gcn-input-dropout", "sage")
-FGPLUGIN_PYG = ("fgplugin", "fgplugin-kernels", "fgplugin-torch-dropout")  # the same convs
-FGPLUGIN_DROPOUT = ("fgplugin", "fgplugin-dgl", "fgplugin-sharded")  # what convert() gives: fgplugin.Dropout
+# the same convs on the same adjacency
+FGPLUGIN_PYG = ("fgplugin", "fgplugin-kernels", "fgplugin-torch-dropout", "fgplugin-graphed")
+FGPLUGIN_DROPOUT = ("fgplugin", "fgplugin-dgl", "fgplugin-sharded", "fgplugin-graphed")  # what convert() gives: fgplugin.Dropout
 
 
 class ImplUnavailable(RuntimeError):

@@ -203,8 +203,11 @@ def train_step(model, graph, problem: Problem, optimizer, precision: str = "fp32
         scaler.update()
 
 
-def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3, precision: str = "fp32"):
-    """``(ms per step list, peak_mem_bytes or None)``."""
+def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3, precision: str = "fp32",
+               graphed: bool = False):
+    """``(ms per step list, peak_mem_bytes or None)``; ``graphed``: the step captured as one CUDA
+    graph by :func:`fgplugin.graphed_step` after the warm-up (its loss indexes the training rows,
+    which a captured step needs, instead of masking them)."""
     device = problem.x.device
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
@@ -213,8 +216,21 @@ def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3, pre
     def step():
         train_step(model, graph, problem, optimizer, precision, scaler)
 
-    for _ in range(warmup):
-        step()
+    if graphed:
+        if scaler is not None:
+            raise ValueError("a captured step cannot use fp16's GradScaler (it syncs every step); use bf16")
+        idx = problem.train_mask.nonzero().squeeze(1)
+
+        def forward(x, g):
+            with autocast(device, precision):
+                return model(x, g)
+
+        step = fgplugin.graphed_step(_Forward(forward, model), optimizer,
+                                     lambda out: F.cross_entropy(out[idx].float(), problem.y[idx]),
+                                     problem.x, graph, warmup=warmup)
+    else:
+        for _ in range(warmup):
+            step()
     times = []
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -232,6 +248,17 @@ def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3, pre
         step()
         times.append(1e3 * (time.perf_counter() - start))
     return times, None
+
+
+class _Forward(torch.nn.Module):
+    """``model`` called through ``forward`` (e.g. under autocast), its parameters those of ``model``."""
+
+    def __init__(self, forward, model):
+        super().__init__()
+        self.model, self._forward = model, forward
+
+    def forward(self, *args):
+        return self._forward(*args)
 
 
 def _failed_rows(graph: str, orders, impls, fields: dict, error: str, bar) -> list[dict]:
@@ -283,7 +310,7 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
                 setup_s += problem.plan_s  # the tile plan was built with the reordering
             common["threshold"] = graph.prepare()  # cached: the probe's choice (None off CUDA)
         torch.manual_seed(seed)
-        times, peak = time_steps(model, graph, problem, epochs, warmup, precision)
+        times, peak = time_steps(model, graph, problem, epochs, warmup, precision, graphed=impl == "fgplugin-graphed")
         rows_s = grad_rows.total_build_s() - built_before  # built in the warm-up steps
         cache_s = input_cache_build_s(model, graph, problem)
     except Exception as err:  # noqa: BLE001 - a failed row keeps its place

@@ -1,0 +1,130 @@
+"""A whole full-batch training step as one CUDA graph: forward, loss, backward and optimizer step
+captured once and replayed.
+
+On the graphs most users train (10K-3M nodes, 0.1-10M edges) a step's kernels take a fraction of
+its eager time: the rest is Python and kernel launches. Replaying a captured step launches the
+same kernels with one call::
+
+    train_idx = data.train_mask.nonzero().squeeze(1)          # an index, not a mask (see below)
+    step = fgplugin.graphed_step(model, optimizer,
+                                 lambda out: F.cross_entropy(out[train_idx], data.y[train_idx]),
+                                 data.x, data.edge_index)
+    for epoch in range(200):
+        loss = step()                                         # a tensor; float(loss) syncs
+
+What capture needs, and what this does about it:
+
+- **Fixed inputs.** The graph reads ``inputs`` at the addresses they had when captured: change
+  the data by copying into them in place (``data.x.copy_(...)``), not by passing new tensors.
+- **No host sync in the step.** A boolean mask index (``out[mask]``) has a data-dependent size:
+  index with ``mask.nonzero()`` computed once, as above. fgplugin's zero-row skipping
+  (fgplugin.grad_rows) finds the live rows of a gradient on the host, so it is off while the
+  step is warmed up and captured (the captured backward runs the full products); the kept input
+  aggregation (fgplugin.input_cache) is filled in the warm-up and read by the graph.
+- **Optimizers**: those with a ``capturable`` option (Adam, AdamW, ...) are switched to it, which
+  keeps their step counts on the GPU. A ``GradScaler`` (fp16) syncs on every step and cannot be
+  captured; bf16 autocast can (put ``torch.autocast`` inside the model's forward or the loss
+  function).
+- The ``warmup`` steps before the capture are real training steps on a side stream, as torch's
+  whole-network capture recipe has them.
+
+Where capture is impossible (no CUDA device, a model that syncs, an op that cannot be captured)
+the step runs eagerly and fgplugin warns once, saying why.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+
+from .config import set_row_skipping
+
+
+class GraphedStepWarning(RuntimeWarning):
+    """The training step could not be captured as a CUDA graph and runs eagerly."""
+
+
+def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable, *inputs,
+                 warmup: int = 3) -> Callable[[], torch.Tensor]:
+    """A function running one training step of ``model`` (``optimizer.zero_grad()``,
+    ``loss_fn(model(*inputs)).backward()``, ``optimizer.step()``) that returns the loss tensor,
+    captured as one CUDA graph (see the module doc for what that requires); eager, with one
+    warning, where it cannot be. ``warmup`` steps run first, captured or not (they train, too)."""
+    if warmup < 1:
+        raise ValueError(f"warmup must be at least 1 (the capture needs the step run once), got {warmup}")
+
+    def eager() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(*inputs))
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    device = _device_of(model, inputs)
+    if device is None or device.type != "cuda":
+        _fall_back(f"CUDA graphs need the model and inputs on a CUDA device, not {device}")
+        for _ in range(warmup):  # the same training as a captured step's
+            eager()
+        return eager
+    _make_capturable(optimizer)
+    skipping = set_row_skipping(False)  # the live rows of a gradient are found with a host sync
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                eager()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            static_loss = loss_fn(model(*inputs))
+            static_loss.backward()
+            optimizer.step()
+    except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why
+        torch.cuda.synchronize(device)
+        optimizer.zero_grad(set_to_none=True)
+        _fall_back(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
+        return eager
+    finally:
+        set_row_skipping(skipping)
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return static_loss
+
+    replay.graph = graph  # kept alive with the step (and inspectable)
+    return replay
+
+
+def _device_of(model: torch.nn.Module, inputs) -> torch.device | None:
+    for t in (*model.parameters(), *inputs):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return None
+
+
+def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
+    """Turns on ``capturable`` where the optimizer has it, with its step counts moved to the
+    parameters' device (an optimizer that already stepped keeps them on the CPU)."""
+    for group in optimizer.param_groups:
+        if "capturable" not in group or group["capturable"]:
+            continue
+        group["capturable"] = True
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            step = state.get("step")
+            if isinstance(step, torch.Tensor) and step.device != p.device:
+                state["step"] = step.to(device=p.device, dtype=torch.float32)
+
+
+_warned: set[str] = set()
+
+
+def _fall_back(reason: str) -> None:
+    if reason in _warned:
+        return
+    _warned.add(reason)
+    warnings.warn(f"fgplugin.graphed_step: the step runs eagerly ({reason}). See fgplugin/graphed.py for what a "
+                  "captured step needs.", GraphedStepWarning, stacklevel=3)

@@ -1,0 +1,140 @@
+"""fgplugin.graphed_step: a whole training step captured as one CUDA graph and replayed gives the
+eager step's losses and weights; where capture is impossible (no GPU, a syncing loss) it runs
+eagerly and warns once, saying why."""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fgplugin
+from fgplugin.graphed import GraphedStepWarning
+from fgplugin.testing import clustered_case
+
+pytest.importorskip("torch_geometric")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a CUDA GPU")
+N, FEATURES, CLASSES, WARMUP, STEPS = 400, 16, 5, 3, 6
+
+
+class _GCN(torch.nn.Module):
+    def __init__(self, p_input=0.0):
+        super().__init__()
+        import fgplugin.pyg as fg
+        self.conv1, self.conv2 = fg.GCNConv(FEATURES, 32, cached=True), fg.GCNConv(32, CLASSES, cached=True)
+        self.p_input = p_input
+
+    def forward(self, x, edge_index):
+        x = F.dropout(x, self.p_input, self.training)
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+def _problem(device):
+    case = clustered_case(21, n_src=N)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(N, FEATURES, generator=g).to(device)
+    y = torch.randint(0, CLASSES, (N,), generator=g).to(device)
+    train = (torch.rand(N, generator=g) < 0.2).to(device)
+    return x, case.edge_index.to(device), y, train
+
+
+def _eager_losses(model, x, edge_index, y, idx, steps):
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x, edge_index)[idx], y[idx])
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+def _graphed_losses(model, x, edge_index, y, idx, steps):
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index,
+                                 warmup=WARMUP)
+    return step, [float(step()) for _ in range(steps)]
+
+
+def test_on_the_cpu_the_step_runs_eagerly_with_one_warning():
+    x, edge_index, y, train = _problem("cpu")
+    idx = train.nonzero().squeeze(1)
+    torch.manual_seed(0)
+    model = _GCN()
+    reference = copy.deepcopy(model)
+    with pytest.warns(GraphedStepWarning, match="CUDA graphs need the model and inputs on a CUDA device"):
+        step, losses = _graphed_losses(model, x, edge_index, y, idx, STEPS)
+    assert not hasattr(step, "graph")
+    expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]  # warm-up steps train too
+    assert losses == pytest.approx(expected, rel=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same reason is not repeated
+        _graphed_losses(_GCN(), x, edge_index, y, idx, 1)
+
+
+def test_warmup_must_run_the_step_once():
+    x, edge_index, y, train = _problem("cpu")
+    model = _GCN()
+    with pytest.raises(ValueError, match="warmup must be at least 1"):
+        fgplugin.graphed_step(model, torch.optim.Adam(model.parameters()), lambda out: out.sum(), x, edge_index,
+                              warmup=0)
+
+
+@CUDA
+def test_a_captured_step_replays_the_eager_steps():
+    x, edge_index, y, train = _problem("cuda")
+    idx = train.nonzero().squeeze(1)
+    torch.manual_seed(0)
+    model = _GCN().cuda()
+    reference = copy.deepcopy(model)
+    step, losses = _graphed_losses(model, x, edge_index, y, idx, STEPS)
+    assert isinstance(step.graph, torch.cuda.CUDAGraph)
+    expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]
+    assert losses == pytest.approx(expected, rel=1e-5)
+    for got, want in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@CUDA
+def test_input_dropout_and_bf16_autocast_are_captured():
+    """PyG's gcn.py model (dropout on the input) under bf16 autocast: captured, and it trains."""
+    x, edge_index, y, train = _problem("cuda")
+    idx = train.nonzero().squeeze(1)
+    model = _GCN(p_input=0.5).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def loss_fn(out):
+        return F.cross_entropy(out[idx].float(), y[idx])
+
+    def forward(*args):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(*args)
+
+    step = fgplugin.graphed_step(_Wrap(forward, model), opt, loss_fn, x, edge_index)
+    assert isinstance(step.graph, torch.cuda.CUDAGraph)
+    losses = [float(step()) for _ in range(30)]
+    assert losses[-1] < losses[0] * 0.9, losses
+
+
+class _Wrap(torch.nn.Module):
+    def __init__(self, forward, inner):
+        super().__init__()
+        self.inner, self._forward = inner, forward
+
+    def forward(self, *args):
+        return self._forward(*args)
+
+
+@CUDA
+def test_a_loss_that_syncs_falls_back_to_eager_with_the_reason():
+    x, edge_index, y, train = _problem("cuda")
+    model = _GCN().cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    with pytest.warns(GraphedStepWarning, match="runs eagerly"):
+        step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[train], y[train]), x, edge_index)
+    assert not hasattr(step, "graph")
+    first = float(step())
+    for _ in range(10):
+        last = float(step())
+    assert last < first
