@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 import fgplugin.datasets as datasets
 import fgplugin.dgl as fgdgl
-from fgplugin.distributed import (ShardingContext, global_mean, init_distributed, masked_accuracy, masked_loss,
-                                  replicate, shard_dgl)
+from fgplugin.distributed import (ShardingContext, block_order, global_mean, init_distributed, masked_accuracy,
+                                  masked_loss, replicate, shard_dgl)
 
 dgl = fgdgl.import_dgl()  # through fgplugin's import shim (see the README's install notes)
 
@@ -69,23 +69,15 @@ def main():
 
     device = init_distributed(args.backend)
     ctx = ShardingContext(args.replication)
-    if args.graph in datasets.SUITE:
-        g = datasets.community_graph(args.graph, seed=0, device=device)
-    else:
-        g = datasets.load_npz(args.graph, features="dense")
+    g = datasets.load_graph(args.graph, device)
     graph = dgl.graph((g.edge_index[0], g.edge_index[1]), num_nodes=g.num_nodes, device=device)
     if args.model == "gcn":
         graph = dgl.add_self_loop(dgl.remove_self_loop(graph))  # as DGL's GCN example
     graph.ndata.update({"feat": g.x.to(device), "label": g.y.to(device), "train_mask": g.train_mask.to(device),
                         "test_mask": g.test_mask.to(device)})
 
-    perm = None
-    if args.reorder != "none":  # Algorithm 2: one part per row block, computed once and broadcast
-        perm = torch.empty(g.num_nodes, dtype=torch.long, device=device)
-        if ctx.rank == 0:
-            from fgplugin.reorder import reorder
-            perm.copy_(reorder(g.edge_index.to(device), args.reorder, num_nodes=g.num_nodes, parts=ctx.num_blocks))
-        dist.broadcast(perm, 0)
+    # Algorithm 2: one part per row block, computed once and broadcast
+    perm = None if args.reorder == "none" else block_order(g.edge_index, g.num_nodes, ctx, args.reorder)
     adj, ndata = shard_dgl(graph, ctx, perm=perm)
     num_classes = int(g.num_classes)
     del g, graph

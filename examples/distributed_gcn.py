@@ -47,10 +47,7 @@ def main():
     ctx = ShardingContext(args.replication, comm=args.comm,
                           comm_dtype=torch.bfloat16 if args.wire == "bf16" else None)
     rank = ctx.rank
-    if args.graph in datasets.SUITE:
-        data = datasets.community_graph(args.graph, seed=0, device=device)
-    else:
-        data = datasets.load_npz(args.graph, features="dense")
+    data = datasets.load_graph(args.graph, device)
     n = data.num_nodes
 
     perm = None

@@ -24,8 +24,8 @@ from torch_geometric.data import Data
 
 import fgplugin.datasets as datasets
 import fgplugin.pyg as fg
-from fgplugin.distributed import (ShardingContext, init_distributed, masked_accuracy, masked_loss, replicate, shard,
-                                  global_mean)
+from fgplugin.distributed import (ShardingContext, block_order, global_mean, init_distributed, masked_accuracy,
+                                  masked_loss, replicate, shard)
 
 
 class GCN(torch.nn.Module):
@@ -68,20 +68,12 @@ def main():
 
     device = init_distributed(args.backend)
     ctx = ShardingContext(args.replication)
-    if args.graph in datasets.SUITE:
-        g = datasets.community_graph(args.graph, seed=0, device=device)
-    else:
-        g = datasets.load_npz(args.graph, features="dense")
+    g = datasets.load_graph(args.graph, device)
     data = Data(x=g.x, y=g.y, edge_index=g.edge_index, train_mask=g.train_mask, test_mask=g.test_mask,
                 num_nodes=g.num_nodes)
 
-    perm = None
-    if args.reorder != "none":  # Algorithm 2: one part per row block, computed once and broadcast
-        perm = torch.empty(data.num_nodes, dtype=torch.long, device=device)
-        if ctx.rank == 0:
-            from fgplugin.reorder import reorder
-            perm.copy_(reorder(data.edge_index.to(device), args.reorder, num_nodes=data.num_nodes, parts=ctx.num_blocks))
-        dist.broadcast(perm, 0)
+    # Algorithm 2: one part per row block, computed once and broadcast
+    perm = None if args.reorder == "none" else block_order(data.edge_index, data.num_nodes, ctx, args.reorder)
     local = shard(data, ctx, perm=perm)
     num_classes = int(g.num_classes)
     del g, data

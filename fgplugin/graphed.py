@@ -23,8 +23,7 @@ What capture needs, and what this does about it:
   aggregation (fgplugin.input_cache) is filled in the warm-up and read by the graph.
 - **Optimizers**: those with a ``capturable`` option (Adam, AdamW, ...) are switched to it, which
   keeps their step counts on the GPU. A ``GradScaler`` (fp16) syncs on every step and cannot be
-  captured; bf16 autocast can (put ``torch.autocast`` inside the model's forward or the loss
-  function).
+  captured; bf16 autocast can (``autocast=torch.bfloat16``).
 - The ``warmup`` steps before the capture are real training steps on a side stream, as torch's
   whole-network capture recipe has them.
 
@@ -46,22 +45,29 @@ class GraphedStepWarning(RuntimeWarning):
 
 
 def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable, *inputs,
-                 warmup: int = 3) -> Callable[[], torch.Tensor]:
+                 warmup: int = 3, autocast: torch.dtype | None = None) -> Callable[[], torch.Tensor]:
     """A function running one training step of ``model`` (``optimizer.zero_grad()``,
     ``loss_fn(model(*inputs)).backward()``, ``optimizer.step()``) that returns the loss tensor,
     captured as one CUDA graph (see the module doc for what that requires); eager, with one
-    warning, where it cannot be. ``warmup`` steps run first, captured or not (they train, too)."""
+    warning, where it cannot be. ``warmup`` steps run first, captured or not (they train, too).
+    ``autocast``: a dtype (``torch.bfloat16``) to run the forward under ``torch.autocast`` in."""
     if warmup < 1:
         raise ValueError(f"warmup must be at least 1 (the capture needs the step run once), got {warmup}")
+    device = _device_of(model, inputs)
+
+    def forward():
+        if autocast is None:
+            return model(*inputs)
+        with torch.autocast(device.type, dtype=autocast):
+            return model(*inputs)
 
     def eager() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(*inputs))
+        loss = loss_fn(forward())
         loss.backward()
         optimizer.step()
         return loss
 
-    device = _device_of(model, inputs)
     if device is None or device.type != "cuda":
         _fall_back(f"CUDA graphs need the model and inputs on a CUDA device, not {device}")
         for _ in range(warmup):  # the same training as a captured step's
@@ -79,7 +85,7 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
         graph = torch.cuda.CUDAGraph()
         optimizer.zero_grad(set_to_none=True)
         with torch.cuda.graph(graph):
-            static_loss = loss_fn(model(*inputs))
+            static_loss = loss_fn(forward())
             static_loss.backward()
             optimizer.step()
     except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why

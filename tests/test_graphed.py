@@ -104,26 +104,11 @@ def test_input_dropout_and_bf16_autocast_are_captured():
     model = _GCN(p_input=0.5).cuda()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
 
-    def loss_fn(out):
-        return F.cross_entropy(out[idx].float(), y[idx])
-
-    def forward(*args):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            return model(*args)
-
-    step = fgplugin.graphed_step(_Wrap(forward, model), opt, loss_fn, x, edge_index)
+    step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx].float(), y[idx]), x, edge_index,
+                                 autocast=torch.bfloat16)
     assert isinstance(step.graph, torch.cuda.CUDAGraph)
     losses = [float(step()) for _ in range(30)]
     assert losses[-1] < losses[0] * 0.9, losses
-
-
-class _Wrap(torch.nn.Module):
-    def __init__(self, forward, inner):
-        super().__init__()
-        self.inner, self._forward = inner, forward
-
-    def forward(self, *args):
-        return self._forward(*args)
 
 
 @CUDA

@@ -106,14 +106,11 @@ def load(name: str, device, seed: int = 0) -> Problem:
     """A synthetic preset of ``fgplugin.datasets.SUITE`` (generated on ``device``) or a real
     ``.npz`` graph (name in ``$FGPLUGIN_DATA_DIR``, or path); seeded random features where the file
     has none, a seeded 10/10/80 train/val/test split where it has no split."""
-    from fgplugin.datasets import SUITE, community_graph, load_npz
+    from fgplugin.datasets import load_graph
 
     device = torch.device(device)
     note = ""
-    if name in SUITE:
-        g = community_graph(name, seed=seed, device=device)
-    else:
-        g = load_npz(name, features="dense")
+    g = load_graph(name, device, seed)
     n = g.num_nodes
     x = g.x
     if x is None:
@@ -131,7 +128,7 @@ def load(name: str, device, seed: int = 0) -> Problem:
         note = (note + "; " if note else "") + "no split in the file: seeded random 10/10/80 split"
     y = y.to(device)
     labelled = y >= 0
-    return Problem(name=g.name if name in SUITE else g.name, order="original", edge_index=g.edge_index.to(device),
+    return Problem(name=g.name, order="original", edge_index=g.edge_index.to(device),
                    num_nodes=n, x=x.to(device).contiguous(), y=y, train_mask=train.to(device) & labelled,
                    test_mask=test.to(device) & labelled, num_classes=max(int(y.max()) + 1, 2), note=note)
 
@@ -220,14 +217,8 @@ def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3, pre
         if scaler is not None:
             raise ValueError("a captured step cannot use fp16's GradScaler (it syncs every step); use bf16")
         idx = problem.train_mask.nonzero().squeeze(1)
-
-        def forward(x, g):
-            with autocast(device, precision):
-                return model(x, g)
-
-        step = fgplugin.graphed_step(_Forward(forward, model), optimizer,
-                                     lambda out: F.cross_entropy(out[idx].float(), problem.y[idx]),
-                                     problem.x, graph, warmup=warmup)
+        step = fgplugin.graphed_step(model, optimizer, lambda out: F.cross_entropy(out[idx].float(), problem.y[idx]),
+                                     problem.x, graph, warmup=warmup, autocast=AUTOCAST[precision])
     else:
         for _ in range(warmup):
             step()
@@ -248,17 +239,6 @@ def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3, pre
         step()
         times.append(1e3 * (time.perf_counter() - start))
     return times, None
-
-
-class _Forward(torch.nn.Module):
-    """``model`` called through ``forward`` (e.g. under autocast), its parameters those of ``model``."""
-
-    def __init__(self, forward, model):
-        super().__init__()
-        self.model, self._forward = model, forward
-
-    def forward(self, *args):
-        return self._forward(*args)
 
 
 def _failed_rows(graph: str, orders, impls, fields: dict, error: str, bar) -> list[dict]:

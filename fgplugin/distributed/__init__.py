@@ -17,13 +17,13 @@ See examples/distributed_gcn.py and docs/design.md ("Distributed").
 from .context import DEFAULT_TIMEOUT_S, BlockLayout, RankFailureError, ShardingContext, init_distributed
 from .ddp import gather_rows, global_mean, masked_accuracy, masked_loss, replicate
 from .profile import Profiler
-from .sharded_data import ShardedAdjacency, shard, shard_dgl
+from .sharded_data import ShardedAdjacency, block_order, shard, shard_dgl
 from .sharding import ColumnBlock, ShardedGraph, dist_spmm
 from .train import DistGCN, DistributedTrainer, relative_error
 
 __all__ = [
     "init_distributed", "ShardingContext", "BlockLayout", "RankFailureError", "DEFAULT_TIMEOUT_S",
     "ShardedGraph", "ColumnBlock", "dist_spmm", "DistGCN", "DistributedTrainer", "Profiler",
-    "relative_error", "shard", "shard_dgl", "ShardedAdjacency", "replicate", "masked_loss", "masked_accuracy", "global_mean",
+    "relative_error", "shard", "shard_dgl", "block_order", "ShardedAdjacency", "replicate", "masked_loss", "masked_accuracy", "global_mean",
     "gather_rows",
 ]

@@ -102,6 +102,21 @@ class ShardedAdjacency:
                 f"rank {self.ctx.rank} of {self.ctx.world_size}, replication {self.ctx.replication})")
 
 
+def block_order(edge_index: torch.Tensor, num_nodes: int, ctx: ShardingContext,
+                method: str = "community") -> torch.Tensor:
+    """Algorithm 2's node order for ``ctx``'s row blocks (``fgplugin.reorder.reorder(...,
+    parts=ctx.num_blocks)``: ids stay in their block), computed once on rank 0 and broadcast, so
+    every rank passes the same ``perm`` to :func:`shard` / :func:`shard_dgl`. Collective."""
+    import torch.distributed as dist
+
+    perm = torch.empty(int(num_nodes), dtype=torch.long, device=ctx.device)
+    if ctx.rank == 0:
+        from fgplugin.reorder import reorder
+        perm.copy_(reorder(edge_index.to(ctx.device), method, num_nodes=int(num_nodes), parts=ctx.num_blocks))
+    dist.broadcast(perm, 0)
+    return perm
+
+
 def shard(data, ctx: ShardingContext, *, perm=None, **options):
     """This rank's part of a PyG ``Data``: its rows of every node-level attribute (a tensor whose
     first dimension is ``data.num_nodes``: ``x``, ``y``, masks, ...), ``adj_t`` a
