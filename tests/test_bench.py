@@ -95,6 +95,8 @@ def test_every_baseline_matches_stock_pyg():
         out = model(x, graph)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5, msg=lambda m: f"{impl}: {m}")
         assert _rel_err(out, expected) <= 1e-6, impl
+    B.end_one_rank_group()  # fgplugin-sharded's process group: later tests make their own
+    assert not torch.distributed.is_initialized()
 
 
 @pytest.mark.parametrize("in_feats,hidden,out_feats", [(40, 16, 5), (40, 64, 80)])  # W first / W last
@@ -120,6 +122,7 @@ def test_every_sage_baseline_matches_stock_pyg(in_feats, hidden, out_feats):
         out, gx, _ = _run(model, graph, x)
         assert _rel_err(out, out_s) <= 1e-5, impl
         assert _rel_err(gx, gx_s) <= 1e-5, impl
+    B.end_one_rank_group()
 
 
 def test_gcn_input_dropout_drops_the_input_in_training_only():

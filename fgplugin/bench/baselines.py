@@ -470,6 +470,20 @@ def build(impl: str, weights: Weights, edge_index: torch.Tensor, num_nodes: int,
     return net, graph, setup
 
 
+_OWN_GROUP = False  # the default process group was made by _one_rank_adjacency
+
+
+def end_one_rank_group() -> None:
+    """Destroys the one-rank process group that ``fgplugin-sharded`` made, if it made one (call
+    when its model is gone), so that the process can make another group later."""
+    global _OWN_GROUP
+    import torch.distributed as dist
+
+    if _OWN_GROUP and dist.is_initialized():
+        dist.destroy_process_group()
+    _OWN_GROUP = False
+
+
 def _one_rank_adjacency(edge_index: torch.Tensor, num_nodes: int):
     """``fgplugin.distributed``'s sharded adjacency of the whole graph on a process group of this
     process alone (NCCL on a GPU, gloo on the CPU; made here when none exists): what one rank of
@@ -477,12 +491,14 @@ def _one_rank_adjacency(edge_index: torch.Tensor, num_nodes: int):
     import torch.distributed as dist
     from fgplugin.distributed import ShardedAdjacency, ShardingContext
 
+    global _OWN_GROUP
     device = edge_index.device
     if not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        _OWN_GROUP = True
     if dist.get_world_size() != 1:
         raise ImplUnavailable("fgplugin-sharded times one rank; this process is in a group of "
                               f"{dist.get_world_size()} (run the scaling suite for several)")

@@ -300,6 +300,8 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
         fgplugin.set_row_skipping(skip_was)
     del model, graph
     _free(device)
+    if impl == "fgplugin-sharded":
+        baselines.end_one_rank_group()
     if error is not None:
         return [{**common, "op": op, "ms_median": None, "error": error} for op in ("epoch", "preprocess", "train200")]
     median = statistics.median(times)
