@@ -241,6 +241,23 @@ def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3, pre
     return times, None
 
 
+def _loaded(graphs, device, seed: int, orders, impls, variants, fields: dict, rows: list, bar, on_error=None):
+    """``(name, problem)`` of each graph that loads; for one that does not, its rows (every order,
+    impl and (model, precision) of ``variants``, with ``fields`` and the reason) go into ``rows``
+    and ``on_error(reason, name)`` is called."""
+    for name in graphs:
+        try:
+            base = load(name, device, seed)
+        except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
+            for model, precision in variants:
+                rows += _failed_rows(name, orders, impls, {**fields, "model": model, "precision": precision},
+                                     _error_text(err), bar)
+            if on_error:
+                on_error(_error_text(err), name)
+            continue
+        yield name, base
+
+
 def _failed_rows(graph: str, orders, impls, fields: dict, error: str, bar) -> list[dict]:
     """The rows of a graph (or of some of its orders) that could not run: one per order and impl,
     with the reason."""
@@ -356,14 +373,8 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
     rows = []
     variants = [(m, p) for m in models for p in precisions]
     bar = progress(len(graphs) * len(orders) * len(impls) * len(variants)) if progress else None
-    for name in graphs:
-        try:
-            base = load(name, device, seed)
-        except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
-            for model, precision in variants:
-                rows += _failed_rows(name, orders, impls, {"op": "epoch", "model": model, "precision": precision,
-                                                           "ms_median": None}, _error_text(err), bar)
-            continue
+    for name, base in _loaded(graphs, device, seed, orders, impls, variants, {"op": "epoch", "ms_median": None},
+                              rows, bar):
         h = hidden or HIDDEN.get(name, 64)
         log(f"[epoch] {base.name}: {base.num_nodes:,} nodes, {base.edge_index.shape[1]:,} edges, F={base.num_features}, "
             f"classes={base.num_classes}, hidden={h}" + (f" ({base.note})" if base.note else ""))
@@ -443,15 +454,8 @@ def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugi
     rows = []
     variants = [(m, p) for m in models for p in precisions]
     bar = progress(len(graphs) * len(orders) * len(impls) * len(variants)) if progress else None
-    for name in graphs:
-        try:
-            base = load(name, device, 0)
-        except Exception as err:  # noqa: BLE001 - the graph's rows keep their places
-            for model, precision in variants:
-                rows += _failed_rows(name, orders, impls, {"op": "accuracy", "value": None, "model": model,
-                                                           "precision": precision}, _error_text(err), bar)
-            log(f"[accuracy] {name}: error: {_error_text(err)}")
-            continue
+    for name, base in _loaded(graphs, device, 0, orders, impls, variants, {"op": "accuracy", "value": None}, rows, bar,
+                              lambda err, name: log(f"[accuracy] {name}: error: {err}")):
         problems = {"original": base}
         for order in orders:
             if order != "original":
