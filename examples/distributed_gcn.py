@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 import fgplugin.datasets as datasets
-from fgplugin.distributed import DistGCN, DistributedTrainer, ShardedGraph, ShardingContext, init_distributed
+from fgplugin.distributed import (DistGCN, DistributedTrainer, ShardedGraph, ShardingContext, block_order,
+                                  init_distributed)
 
 
 def main():
@@ -52,13 +53,10 @@ def main():
 
     perm = None
     if args.reorder != "none":
-        perm = torch.empty(n, dtype=torch.long, device=device)
+        t = time.perf_counter()
+        perm = block_order(data.edge_index, n, ctx, args.reorder)
         if rank == 0:
-            from fgplugin.reorder import reorder
-            t = time.perf_counter()
-            perm.copy_(reorder(data.edge_index.to(device), args.reorder, num_nodes=n, parts=ctx.num_blocks))
             print(f"reorder {args.reorder} (parts={ctx.num_blocks}): {time.perf_counter() - t:.2f} s", flush=True)
-        dist.broadcast(perm, 0)
 
     graph = ShardedGraph.from_edge_index(ctx, data.edge_index, n, perm=perm,
                                          extra_fingerprint=(data.num_features, data.num_classes))

@@ -63,7 +63,8 @@ VARIANTS = ("fgplugin-dgl", "fgplugin-kernels", "fgplugin-torch-dropout", "fgplu
 MODELS = ("gcn", "gcn-input-dropout", "sage")
 # the same convs on the same adjacency
 FGPLUGIN_PYG = ("fgplugin", "fgplugin-kernels", "fgplugin-torch-dropout", "fgplugin-graphed")
-FGPLUGIN_DROPOUT = ("fgplugin", "fgplugin-dgl", "fgplugin-sharded", "fgplugin-graphed")  # what convert() gives: fgplugin.Dropout
+# what convert() gives: fgplugin.Dropout
+FGPLUGIN_DROPOUT = ("fgplugin", "fgplugin-dgl", "fgplugin-sharded", "fgplugin-graphed")
 
 
 class ImplUnavailable(RuntimeError):
@@ -165,10 +166,10 @@ class _SpMM(torch.autograd.Function):
 
 
 class _PerDtype:
-    """Built once per dtype: ``get(dtype, make)``."""
+    """Built once per dtype: ``get(dtype, make)``; ``made`` holds those already there."""
 
-    def __init__(self):
-        self._made = {}
+    def __init__(self, made: dict | None = None):
+        self._made = dict(made or {})
 
     def get(self, dtype, make):
         if dtype not in self._made:
@@ -232,11 +233,8 @@ class CachedCSRGraph:
             values = deg.rsqrt()[row] * deg.rsqrt()[col]
         else:
             values = deg.reciprocal()[row]
-        fwd = _csr_tensor(rowptr, col, values, num_nodes)
-        transposed = _transpose_csr(rowptr, col, row, values, num_nodes)
-        self._fwd, self._transposed = _PerDtype(), _PerDtype()
-        self._fwd.get(values.dtype, lambda: fwd)
-        self._transposed.get(values.dtype, lambda: transposed)
+        self._fwd = _PerDtype({values.dtype: _csr_tensor(rowptr, col, values, num_nodes)})
+        self._transposed = _PerDtype({values.dtype: _transpose_csr(rowptr, col, row, values, num_nodes)})
 
     def csr(self, dtype=torch.float32):
         return self._fwd.get(dtype, lambda: self.csr().to(dtype))

@@ -39,7 +39,9 @@ SUITES = ("epoch", "accuracy", "spmm", "threshold", "scaling", "reorder")
 GPU_SUITES = ("spmm", "threshold")
 NOT_YET: dict = {}  # suite -> message, for suites listed but not implemented
 # spmm / threshold options (None: not given)
-SPMM_OPTIONS = ("f_sweep", "reps", "quick", "sweep_graph", "sweep_order", "precisions")
+# Options that only some suites take: {option: those suites}
+SUITE_OPTIONS = {**{o: ("spmm", "threshold") for o in ("f_sweep", "reps", "quick", "sweep_graph", "sweep_order")},
+                 "precisions": ("spmm", "threshold", "epoch", "accuracy")}
 
 
 def _list(text):
@@ -57,8 +59,9 @@ def parser() -> argparse.ArgumentParser:
                                      "reddit-like,proteins-like,products-like,archaea-like")
     ap.add_argument("--impls", help="comma list. epoch/reorder/accuracy: fgplugin, dgl, dgl-path, cusparse-cached, "
                                     "pyg-edge_index, pyg-adj_t, fgplugin-kernels, fgplugin-dgl, "
-                                    "fgplugin-torch-dropout, fgplugin-sharded (default: all that can run here but "
-                                    "fgplugin-sharded, fgplugin-torch-dropout on CPU only; accuracy: pyg-edge_index,fgplugin). spmm/threshold: fgplugin, "
+                                    "fgplugin-torch-dropout, fgplugin-sharded, fgplugin-graphed (default: all that "
+                                    "can run here but fgplugin-sharded and fgplugin-graphed, fgplugin-torch-dropout "
+                                    "on CPU only; accuracy: pyg-edge_index,fgplugin). spmm/threshold: fgplugin, "
                                     "fgplugin-nodense, fgplugin-csr, fgplugin-t2, fgplugin-t5, fgplugin-t10, "
                                     "cusparse-cached (default: all; threshold: fgplugin and fgplugin-t*)")
     ap.add_argument("--orders", default=None,
@@ -73,9 +76,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hidden", type=int, default=None, help="hidden width (default 128 reddit/proteins/archaea-like, "
                                                             "else 64)")
     ap.add_argument("--seeds", default="0,1,2,3,4", help="accuracy: comma list of seeds")
-    ap.add_argument("--models", default=None, help="epoch and accuracy: comma list of gcn (default), gcn-input-dropout (dropout "
-                                                   "on the input too, as PyG's examples/gcn.py), sage (2-layer "
-                                                   "SAGEConv, mean)")
+    ap.add_argument("--models", default=None, help="epoch and accuracy: comma list of gcn (default), "
+                                                   "gcn-input-dropout (dropout on the input too, as PyG's "
+                                                   "examples/gcn.py), sage (2-layer SAGEConv, mean)")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default cuda when available; spmm and "
                                                    "threshold need CUDA)")
     ap.add_argument("--out", default="bench_results", help="result folder (default ./bench_results)")
@@ -83,16 +86,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--commit", default=None,
                     help="the source version to record as the results' commit (default $FGPLUGIN_COMMIT, else null)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    ap.add_argument("--precisions", default=None, help="comma list. spmm/threshold: fp32, tf32, bf16 (default all "
+                                                       "three; threshold: fp32); epoch/accuracy: fp32, bf16, fp16 "
+                                                       "(torch.autocast around the forward, for every impl; default "
+                                                       "fp32)")
     spmm = ap.add_argument_group("spmm and threshold suites")
     spmm.add_argument("--F", dest="f_sweep", default=None,
                       help="comma list: the F values of the sweep graph (default 32,64,128,256; every graph runs "
                            "F=128; threshold: 128 only)")
     spmm.add_argument("--sweep-graph", default=None, help="the graph of the F sweep (default reddit-like)")
     spmm.add_argument("--sweep-order", default=None, help="the order of the F sweep (default community)")
-    spmm.add_argument("--precisions", default=None, help="comma list of fp32, tf32, bf16 (default all three; "
-                                                         "threshold: fp32). Also of the epoch and accuracy suites: "
-                                                         "fp32, bf16, fp16 (torch.autocast around the forward, "
-                                                         "for every impl; default fp32)")
     spmm.add_argument("--reps", type=int, default=None, help="timed calls per row (default 20)")
     spmm.add_argument("--quick", action="store_true", default=None, help="small + reddit-like, F=128 only")
     return ap
@@ -241,11 +244,10 @@ def main(argv=None) -> int:
         args.commit = commit()
     if args.suite in GPU_SUITES:
         return _run_spmm(args, argv, ap)
-    given = [o for o in SPMM_OPTIONS if getattr(args, o) is not None
-             and not (o == "precisions" and args.suite in ("accuracy", "epoch"))]
+    given = [o for o, suites in SUITE_OPTIONS.items() if getattr(args, o) is not None and args.suite not in suites]
     if given:
-        ap.error(f"{', '.join('--' + o.replace('_', '-').replace('f-sweep', 'F') for o in given)}: options of the "
-                 f"spmm and threshold suites, not of {args.suite}")
+        ap.error("; ".join(f"--{o.replace('_', '-').replace('f-sweep', 'F')}: an option of the "
+                           f"{', '.join(SUITE_OPTIONS[o])} suites" for o in given) + f", not of {args.suite}")
 
     import torch
 

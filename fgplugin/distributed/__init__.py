@@ -24,6 +24,6 @@ from .train import DistGCN, DistributedTrainer, relative_error
 __all__ = [
     "init_distributed", "ShardingContext", "BlockLayout", "RankFailureError", "DEFAULT_TIMEOUT_S",
     "ShardedGraph", "ColumnBlock", "dist_spmm", "DistGCN", "DistributedTrainer", "Profiler",
-    "relative_error", "shard", "shard_dgl", "block_order", "ShardedAdjacency", "replicate", "masked_loss", "masked_accuracy", "global_mean",
-    "gather_rows",
+    "relative_error", "shard", "shard_dgl", "block_order", "ShardedAdjacency", "replicate", "masked_loss",
+    "masked_accuracy", "global_mean", "gather_rows",
 ]

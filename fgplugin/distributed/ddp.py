@@ -108,8 +108,9 @@ def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: Sha
                 loss_fn=F.cross_entropy) -> torch.Tensor:
     """This rank's share of the mean of ``loss_fn`` over the rows ``mask`` selects on all ranks,
     for ``backward()`` under :func:`replicate`: ``sum(this rank's losses) * p / (r * N)`` with
-    ``N`` the global count (the all-reduced count is ``r * N``: replicas count their rows too). DDP averages the ranks' gradients (``/ p``), and the ``r`` replicas of
-    a row block each hold a partial gradient of its rows (their sum is the true one), so the
+    ``N`` the global count (the all-reduced count is ``r * N``: replicas count their rows too).
+    DDP averages the ranks' gradients (``/ p``), and the ``r`` replicas of a row block each hold
+    a partial gradient of its rows (their sum is the true one), so the
     result is single-process training's gradient. One small all-reduce (no host sync)."""
     mask = _mask(mask, out, "masked_loss")
     # Counted in float64 and summed in at least float32: a 16-bit count overflows (fp16: 65504) or rounds.

@@ -650,8 +650,8 @@ def _is_symmetric(adj: TiledAdjacency) -> bool:
 
 
 _FIELDS = ("num_nodes", "num_edges", "edge hash 1", "edge hash 2", "perm hash", "world size", "replication",
-           "comm", "norm", "improved", "add_self_loops", "replace_loops", "grad_rows.MIN_WORK", "grad_rows.MAX_LIVE_FRACTION x 1e6",
-           "grad_rows.MAX_MISSES", "grad_rows.MAX_KEPT")
+           "comm", "norm", "improved", "add_self_loops", "replace_loops", "grad_rows.MIN_WORK",
+           "grad_rows.MAX_LIVE_FRACTION x 1e6", "grad_rows.MAX_MISSES", "grad_rows.MAX_KEPT")
 
 
 def _remote_block(parts, offsets: dict[int, int], width: int, n_own: int, options: dict, transpose: bool):

@@ -115,9 +115,9 @@ class DistributedTrainer:
             if not metrics:
                 return {}
             mask = self.masks["train"]
-            logits, labels = out[mask].detach(), self.y[mask]
-            loss = global_mean(F.cross_entropy(logits, labels, reduction="sum"), mask.sum())
-            accuracy = masked_accuracy(out.detach(), self.y, mask)
+            logits, labels, count = out[mask].detach(), self.y[mask], mask.sum()
+            loss = global_mean(F.cross_entropy(logits, labels, reduction="sum"), count)
+            accuracy = global_mean((logits.argmax(dim=-1) == labels).sum(), count)
         return {"loss": loss, "train_acc": accuracy}
 
     @torch.no_grad()
