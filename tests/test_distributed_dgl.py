@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from conftest import require_dgl
 from test_distributed import _launch, _ok
-from test_distributed_models import _train, check_ranks_match
+from test_distributed_models import _train, check_ranks_match, error_of
 
 N, FEATURES, CLASSES = 150, 12, 4
 # (layer, options): every normalization of GraphConv, SAGEConv mean, SGConv
@@ -101,27 +101,23 @@ def _bad_input(rank, world):
     x = ndata["feat"].float()
     errors = {}
 
-    def error_of(fn):
-        try:
-            fn()
-        except (ValueError, dgl.DGLError) as err:
-            return str(err)
-        return None
+    def refusal(fn):
+        return error_of(fn, (ValueError, dgl.DGLError))
 
-    errors["gat"] = error_of(lambda: replicate(torch.nn.Sequential(dgl.nn.GATConv(FEATURES, 4, 1)), ctx))
-    errors["stock-graphconv"] = error_of(lambda: replicate(torch.nn.Sequential(dgl.nn.GraphConv(FEATURES, 4)), ctx))
-    errors["sage-pool"] = error_of(lambda: replicate(torch.nn.Sequential(fd.SAGEConv(FEATURES, 4, "pool")), ctx))
-    errors["sage-pool-call"] = error_of(lambda: fd.SAGEConv(FEATURES, 4, "pool")(adj, x))
-    errors["weights"] = error_of(lambda: fd.GraphConv(FEATURES, 4)(adj, x, edge_weight=torch.ones(graph.num_edges())))
-    errors["whole-x"] = error_of(lambda: fd.GraphConv(FEATURES, 4)(adj, graph.ndata["feat"].float()[:-1]))
+    errors["gat"] = refusal(lambda: replicate(torch.nn.Sequential(dgl.nn.GATConv(FEATURES, 4, 1)), ctx))
+    errors["stock-graphconv"] = refusal(lambda: replicate(torch.nn.Sequential(dgl.nn.GraphConv(FEATURES, 4)), ctx))
+    errors["sage-pool"] = refusal(lambda: replicate(torch.nn.Sequential(fd.SAGEConv(FEATURES, 4, "pool")), ctx))
+    errors["sage-pool-call"] = refusal(lambda: fd.SAGEConv(FEATURES, 4, "pool")(adj, x))
+    errors["weights"] = refusal(lambda: fd.GraphConv(FEATURES, 4)(adj, x, edge_weight=torch.ones(graph.num_edges())))
+    errors["whole-x"] = refusal(lambda: fd.GraphConv(FEATURES, 4)(adj, graph.ndata["feat"].float()[:-1]))
     bare = dgl.graph(graph.edges(), num_nodes=N + 3)  # three nodes without in-edges
     bare_adj, bare_data = shard_dgl(bare, ctx)
     feats = torch.randn(bare_adj.num_rows, FEATURES)
-    errors["zero-in-degree"] = error_of(lambda: fd.GraphConv(FEATURES, 4)(bare_adj, feats))
-    errors["zero-in-degree-allowed"] = error_of(lambda: fd.GraphConv(FEATURES, 4, allow_zero_in_degree=True)(bare_adj, feats))
-    errors["sg-zero-in-degree"] = error_of(lambda: fd.SGConv(FEATURES, 4, allow_zero_in_degree=True)(bare_adj, feats))
+    errors["zero-in-degree"] = refusal(lambda: fd.GraphConv(FEATURES, 4)(bare_adj, feats))
+    errors["zero-in-degree-allowed"] = refusal(lambda: fd.GraphConv(FEATURES, 4, allow_zero_in_degree=True)(bare_adj, feats))
+    errors["sg-zero-in-degree"] = refusal(lambda: fd.SGConv(FEATURES, 4, allow_zero_in_degree=True)(bare_adj, feats))
     hetero = dgl.heterograph({("a", "r", "b"): (torch.tensor([0]), torch.tensor([0]))})
-    errors["hetero"] = error_of(lambda: shard_dgl(hetero, ctx))
+    errors["hetero"] = refusal(lambda: shard_dgl(hetero, ctx))
     return errors
 
 

@@ -130,6 +130,15 @@ def check_ranks_match(ranks, references):
             assert max(abs(a - b) for a, b in zip(losses, ref_losses)) < 1e-9, (rank, kind, losses, ref_losses)
 
 
+def error_of(fn, kinds=(ValueError,)):
+    """The message of the error of one of ``kinds`` that ``fn()`` raises, or ``None``."""
+    try:
+        fn()
+    except kinds as err:
+        return str(err)
+    return None
+
+
 def _bad_input(rank, world):
     from torch_geometric.nn import GATConv
 
@@ -140,13 +149,6 @@ def _bad_input(rank, world):
     data = _data()
     local = shard(data, ctx)
     errors = {}
-
-    def error_of(fn):
-        try:
-            fn()
-        except ValueError as err:
-            return str(err)
-        return None
 
     errors["gat"] = error_of(lambda: replicate(torch.nn.Sequential(GATConv(FEATURES, 4)), ctx))
     errors["sage-max"] = error_of(lambda: replicate(torch.nn.Sequential(fg.SAGEConv(FEATURES, 4, aggr="max")), ctx))
