@@ -34,7 +34,9 @@ def replicate(model: torch.nn.Module, ctx: ShardingContext) -> DistributedDataPa
     share_random_state_with_replicas(ctx)
     group = dist.new_group(list(range(ctx.world_size)))
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, process_group=group)
+    # The gradients live in DDP's all-reduce buckets (no copy into them and back each step, which
+    # is a visible share of a full-batch step on one GPU); optimizer.zero_grad() still works.
+    return DistributedDataParallel(model, device_ids=device_ids, process_group=group, gradient_as_bucket_view=True)
 
 
 def share_random_state_with_replicas(ctx: ShardingContext) -> None:
