@@ -92,6 +92,10 @@ def main():
         optimizer.zero_grad()
         masked_loss(model(adj, x), y, train, ctx).backward()
         optimizer.step()
+        if epoch == 1:  # the first epoch also builds the kernel plans: timed apart
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            first, start = time.perf_counter() - start, time.perf_counter()
         if epoch % 10 == 0 or epoch == args.epochs:
             model.eval()
             with torch.no_grad():
@@ -101,8 +105,9 @@ def main():
             if ctx.rank == 0:
                 print(f"epoch {epoch:4d}  train loss {loss:.4f}  test accuracy {accuracy:.3f}", flush=True)
     if ctx.rank == 0:
-        print(f"{args.epochs} epochs of {args.model} in {time.perf_counter() - start:.2f} s on {ctx.world_size} ranks "
-              f"(r={ctx.replication})", flush=True)
+        per_epoch = (time.perf_counter() - start) * 1e3 / max(1, args.epochs - 1)
+        print(f"{args.epochs} epochs of {args.model} on {ctx.world_size} ranks (r={ctx.replication}): the first "
+              f"{first:.2f} s, then {per_epoch:.2f} ms per epoch (evaluation every 10th included)", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
