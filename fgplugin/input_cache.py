@@ -71,13 +71,13 @@ class _Key:
 class InputCache:
     """One layer's kept aggregation (see the module docstring for when it is used)."""
 
-    __slots__ = ("_key", "_value", "_seen", "_watch", "__weakref__")
+    __slots__ = ("_key", "_value", "_seen", "_seen_version", "_watch", "__weakref__")
 
     def __init__(self):
         self.clear()
 
     def clear(self) -> None:
-        self._key = self._value = self._seen = self._watch = None
+        self._key = self._value = self._seen = self._seen_version = self._watch = None
 
     @property
     def holds(self) -> bool:
@@ -91,15 +91,18 @@ class InputCache:
         ``deps`` lists everything besides ``x`` that the aggregation reads (graph, edge values,
         normalization settings). Do not modify the returned tensor: later calls return it again.
         """
-        deps = (x, *deps)
-        if not _reusable(deps):
+        if not _reusable(x, deps):
             self.clear()
             return None
+        deps = (x, *deps)
         if self._key is not None and self._key.matches(deps):
             return self._value
-        if self._seen is None or not self._seen.matches(deps):
+        # The first call with this x only notes it (by a weak reference and its version: cheap,
+        # since a layer whose input changes every step, e.g. after dropout, comes here each time);
+        # the second builds the aggregation, from and keyed by that call's graph and settings.
+        if self._seen is None or self._seen() is not x or x._version != self._seen_version:
             self.clear()  # a new input: drop what no longer matches
-            self._seen = _Key(deps)
+            self._seen, self._seen_version = weakref.ref(x), x._version
             return None
         if not _fits(nbytes, x.device):
             return None
@@ -136,13 +139,15 @@ def of(module: torch.nn.Module) -> InputCache:
     return cache
 
 
-def _reusable(deps: tuple) -> bool:
-    if not settings.input_cache or torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+def _reusable(x, deps: tuple) -> bool:
+    if torch.compiler.is_compiling():  # first: what follows is not traced
         return False
-    if getattr(torch._C, "_are_functorch_transforms_active", lambda: False)():  # torch.func.grad / vmap
+    # x needing a gradient (every layer but the first, in training) is the common answer: next
+    if not isinstance(x, Tensor) or x.requires_grad or x.layout != torch.strided or x.is_inference():
         return False
-    x = deps[0]
-    if not isinstance(x, Tensor) or x.layout != torch.strided:
+    if not settings.input_cache or torch.is_inference_mode_enabled():
+        return False
+    if torch._C._are_functorch_transforms_active():  # torch.func.grad / vmap
         return False
     return not any(isinstance(t, Tensor) and (t.requires_grad or t.is_inference()) for t in deps)
 

@@ -368,7 +368,7 @@ def test_gcn_layer_pads_the_weight_on_cuda(dtype, monkeypatch):
     from fgplugin import ops
 
     widths, run_spmm = [], ops.run_spmm
-    monkeypatch.setattr(ops, "run_spmm", lambda args: widths.append(args.x.shape[1]) or run_spmm(args))
+    monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
     case = clustered_case(2, n_src=3000, max_hub_edges=900)
     edge_index = case.edge_index.cuda()
     torch.manual_seed(0)

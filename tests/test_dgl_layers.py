@@ -154,7 +154,7 @@ def test_graphconv_pads_the_weight_not_the_features(case, monkeypatch):
 
     monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device: features + -features % 4)
     widths, run_spmm = [], ops.run_spmm
-    monkeypatch.setattr(ops, "run_spmm", lambda args: widths.append(args.x.shape[1]) or run_spmm(args))
+    monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
     graph = graph_case(case)
     weight = torch.rand(graph.num_edges()) + 0.1
     for feat, options in [(torch.randn(graph.num_src_nodes(), 5), {}),
@@ -222,7 +222,7 @@ def test_constant_input_aggregation_is_kept(layer, case, monkeypatch):
 
     graph = graph_case(case)
     widths, run_spmm = [], ops.run_spmm
-    monkeypatch.setattr(ops, "run_spmm", lambda args: widths.append(args.x.shape[1]) or run_spmm(args))
+    monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
     make = {"GraphConv-wide": lambda: make_pair("GraphConv", 6, 3, norm="both", allow_zero_in_degree=True),
             "GraphConv-narrow": lambda: make_pair("GraphConv", 6, 9, norm="right", allow_zero_in_degree=True),
             "SAGEConv": lambda: make_pair("SAGEConv", 6, 3, "mean"),

@@ -182,7 +182,7 @@ def test_gcn_pads_the_weight_not_the_features(kind, bias, monkeypatch, fgplugin_
 
     monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device: features + -features % 4)
     widths, run_spmm = [], ops.run_spmm
-    monkeypatch.setattr(ops, "run_spmm", lambda args: widths.append(args.x.shape[1]) or run_spmm(args))
+    monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
     ei, w, n = graph_case("messy")
     stock, ours = make_pair("gcn", lambda cls: cls(8, 6, bias=bias))
     w_s, w_o = w.clone().requires_grad_(), w.clone().requires_grad_()

@@ -295,3 +295,60 @@ def test_autocast_aggregates_in_16_bits_with_float32_scales(device, dtype):
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-2
     assert rel_error(out.float().cpu(), operator @ x.detach().double().cpu()) <= tol
     assert rel_error(grad.cpu(), operator.t() @ upstream.double()) <= tol
+
+
+def test_learned_edge_values_in_another_dtype_train_step_after_step():
+    """The op's adjacency arguments are kept on the adjacency after the first call, except edge
+    values that need a gradient: their cast to the kernels' dtype (float64 -> float32 here) is part
+    of each step's autograd graph. Two steps, each against a dense float64 product."""
+    base = random_graph_case(3, n_src=30).adjacency()
+    values = torch.rand(base.nnz, dtype=torch.float64, requires_grad=True)  # a leaf, in CSR order
+    adj = TiledAdjacency.from_csr(base.rowptr, base.col, values, shape=base.shape)
+    rows = torch.repeat_interleave(torch.arange(30), base.rowptr.diff())
+    x = torch.randn(30, 5)
+    for _ in range(2):
+        out = fgplugin.spmm(adj, x)
+        (grad,) = torch.autograd.grad(out.pow(2).sum(), values)
+        ref_values = values.detach().clone().requires_grad_()
+        dense = torch.zeros(30, 30, dtype=torch.float64).index_put((rows, base.col.long()), ref_values,
+                                                                   accumulate=True)
+        ref = dense @ x.double()
+        (ref_grad,) = torch.autograd.grad(ref.pow(2).sum(), ref_values)
+        assert rel_error(out, ref) < 1e-5
+        assert rel_error(grad, ref_grad) < 1e-5
+
+
+def test_eager_call_and_dispatcher_call_agree():
+    """Eager ``fgplugin.spmm`` takes the op's autocast and autograd steps itself; under a torch
+    dispatch mode (as tracing tools use) the call goes through the dispatcher. Both give the same
+    output and gradients, with and without autocast, and the mode sees the op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    adj = random_graph_case(4, n_src=40).adjacency()
+    r, c, d = adj.norm("gcn", dtype=torch.float32)
+    for dtype in (None, torch.bfloat16):
+        results = []
+        for mode in (None, Seen()):
+            x = torch.randn(40, 6, generator=torch.Generator().manual_seed(0), requires_grad=True)
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                if mode is None:
+                    out = fgplugin.spmm(adj, x, r, c, d)
+                else:
+                    with mode:
+                        out = fgplugin.spmm(adj, x, r, c, d)
+                    assert any("fgplugin.spmm" in op for op in mode.ops), mode.ops
+            out.float().sum().backward()
+            results.append((out, x.grad))
+        (out_a, grad_a), (out_b, grad_b) = results
+        assert out_a.dtype == out_b.dtype == (dtype or torch.float32)
+        assert torch.equal(out_a, out_b) and torch.equal(grad_a, grad_b)
+
