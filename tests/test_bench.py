@@ -483,3 +483,23 @@ def test_scaling_gloo_smoke_run(tmp_path):
     for r in res["rows"]:
         assert r["graph"] == "tiny" and r["gpus"] == 1 and r["order"] == "original" and r["ms_median"] > 0
     assert not list(out.glob(".scaling_part_*"))
+
+
+def test_host_suite_times_both_products(tmp_path):
+    """``fgplugin bench host`` writes one row per impl with a positive host time per call (and no
+    device time on the CPU), and its normalized CSR is the GCN product fgplugin computes."""
+    from fgplugin.bench import host
+    from fgplugin.bench.cli import main
+    from fgplugin.datasets import load_graph
+    from fgplugin.testing import rel_error
+
+    assert main(["host", "--graphs", "tiny", "--device", "cpu", "--calls", "20", "--reps", "2",
+                 "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "host.json").read_text())
+    assert res["suite"] == "host" and [r["impl"] for r in res["rows"]] == list(host.IMPLS)
+    assert all(r["host_us"] > 0 and r["gpu_us"] is None and r["calls"] == 20 for r in res["rows"])
+    g = load_graph("tiny", "cpu")
+    adj = fgplugin.TiledAdjacency.from_edge_index(g.edge_index, g.num_nodes)
+    norm = adj.norm("gcn", dtype=torch.float32)
+    x = torch.randn(g.num_nodes, 5)
+    assert rel_error(torch.sparse.mm(host._normalized_csr(adj, *norm), x), fgplugin.spmm(adj, x, *norm)) < 1e-5

@@ -10,6 +10,7 @@ for the method).
     fgplugin bench spmm                       # the CUDA SpMM kernels (GPU only); --quick for a short run
     fgplugin bench threshold                  # fixed dense-tile thresholds against "auto" (GPU only)
     fgplugin bench scaling --gpus 1 2         # multi-GPU epochs; `fgplugin bench scaling --help` lists its options
+    fgplugin bench host --graphs cora         # host time per aggregation call vs torch.sparse.mm
 
 Also ``python -m fgplugin.bench ...``. Graphs: synthetic presets of ``fgplugin.datasets.SUITE``
 (tiny, small, reddit-like, proteins-like, products-like, archaea-like; generated, no files needed)
@@ -35,7 +36,7 @@ import os
 import sys
 from pathlib import Path
 
-SUITES = ("epoch", "accuracy", "spmm", "threshold", "scaling", "reorder")
+SUITES = ("epoch", "accuracy", "spmm", "threshold", "scaling", "reorder", "host")
 GPU_SUITES = ("spmm", "threshold")
 NOT_YET: dict = {}  # suite -> message, for suites listed but not implemented
 # spmm / threshold options (None: not given)
@@ -229,6 +230,10 @@ def main(argv=None) -> int:
 
         rest = [a for a in argv[1:] if a != "--"]
         return scaling.main(rest, prog=[*_prog(), "scaling"])
+    if argv and argv[0] == "host":  # its own options: `fgplugin bench host --help`
+        from . import host
+
+        return host.main(argv[1:], prog=[*_prog(), "host"])
     if "--" in argv:  # older command lines passed suite options after --: read them like the others
         i = argv.index("--")
         argv = argv[:i] + argv[i + 1:]

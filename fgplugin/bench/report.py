@@ -14,7 +14,7 @@ import torch
 
 SCHEMA_KEYS = ("suite", "device", "torch", "cuda", "commit", "command", "rows")
 COLUMNS = ["graph", "order", "impl", "op", "F", "hidden", "precision", "ms_median", "ms_min", "ms_max",
-           "peak_mem_bytes", "value", "std", "vs_fgplugin", "dense_share", "break_even_epochs", "error"]
+           "peak_mem_bytes", "host_us", "gpu_us", "bound", "value", "std", "vs_fgplugin", "dense_share", "break_even_epochs", "error"]
 
 
 def device_name(device) -> str:
