@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernel_plan import DEFAULT_CHUNK, build_kernel_plan
+from .kernel_plan import build_kernel_plan
 from .tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
 from ._csr import rows_of_edges
 
@@ -52,7 +52,7 @@ def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, c
     for group in same_plan.values():
         thr = max(group)  # the group's plan; 1.0 when it has no dense tile
         plan = adj.cached_kernel_plan(thr, weighted) or build_kernel_plan(
-            adj.rowptr, adj.col, adj.shape, threshold=thr, tile_size=tile_size, weighted=weighted, chunk=DEFAULT_CHUNK)
+            adj.rowptr, adj.col, adj.shape, threshold=thr, tile_size=tile_size, weighted=weighted)
         run = lambda: torch.ops.fgplugin.spmm.default(adj.rowptr, adj.col, values, x, rs, cs, None,  # noqa: E731
                                                        plan.buffer, plan.layout, None, None, None, None, [])
         run()

@@ -17,9 +17,9 @@ How the plan is made (format: csrc/cuda/block_adaptive_spmm.cuh, ``PLAN_VERSION`
 3. Tiles are grouped by row block (``BLOCK_PANELS`` row panels of 32 rows) and column panel: one
    such group is a *stage*, whose 32 rows of X the kernel loads once for all its tiles. Blocks
    with stages are listed most tiles first (longest job first).
-4. The remainder keeps CSR order; each row is cut into work items of at most ``chunk`` entries,
-   so a hub row is spread over several warps; rows with several items are summed by a second
-   pass in a fixed order (deterministic, no atomics).
+4. The remainder keeps CSR order; each row is cut into work items of at most ``chunk`` entries
+   (:func:`chunk_for`: fewer on small matrices), so a hub row is spread over several warps; rows
+   with several items are summed by a second pass in a fixed order (deterministic, no atomics).
 
 The sections are packed into one byte buffer on the device, described by a host-side ``layout``
 (offsets, sizes, dtypes), so the op takes two arguments per plan and reads every size without a
@@ -39,7 +39,7 @@ from .tile_density import dense_tiles, tile_keys
 PLAN_VERSION = 3
 KERNEL_TILE = 32
 BLOCK_PANELS = 4  # row panels per block of the dense kernel (kBlockPanels in the .cuh)
-DEFAULT_CHUNK = 256  # remainder non-zeros per work item (one warp)
+DEFAULT_CHUNK = 256  # remainder non-zeros per work item (one warp) of a large matrix: chunk_for()
 _PLAN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # c10::ScalarType values of the section dtypes, as the layout records them
 _DTYPE_CODES = {torch.int32: 3, torch.int64: 4}
@@ -120,17 +120,36 @@ class KernelPlan:
                 "stages": self.dstage.numel() // 4, "panels_with_tiles": int(self.dpanel_dense.sum())}
 
 
+def chunk_for(nnz: int) -> int:
+    """Remainder non-zeros per work item for a matrix of ``nnz`` non-zeros.
+
+    A warp walks its item's entries one after the other, so the longest item bounds the kernel's
+    time; on a large matrix the warps are many and long items keep them busy, on a small one
+    (which cannot fill the GPU anyway) the longest item is the whole time. Forward GCN product,
+    H100, CUDA-graph replay, F = 16 / 64 / 128 (benchmarks/results/h100/chunk_probe.json):
+    cora (10.5K non-zeros, a row of 168) 26.3 / 17.1 / 16.6 us at 256 against 9.0 / 8.2 / 9.7 at 32;
+    small (400K) 48.7 / 42.4 / 52.3 at 256, 18.5 / 26.4 / 40.2 at 64; 1-2.7M-non-zero graphs best
+    at 64-128; reddit-like and products-like (110-120M) best at 128-256 for F >= 64."""
+    if nnz < 256 * 1024:
+        return 32
+    if nnz < 8 * 1024 * 1024:
+        return 64
+    return DEFAULT_CHUNK
+
+
 @torch.no_grad()
 def build_kernel_plan(rowptr: torch.Tensor, col: torch.Tensor, shape: tuple[int, int], *, threshold: float,
-                      tile_size: int = 32, weighted: bool = False, chunk: int = DEFAULT_CHUNK) -> KernelPlan:
+                      tile_size: int = 32, weighted: bool = False, chunk: int | None = None) -> KernelPlan:
     """The block-adaptive plan of the CSR ``(rowptr, col)`` of ``shape`` (see the module doc) at a
-    numeric ``threshold`` (``"auto"`` is resolved before: ``TiledAdjacency.kernel_plan``)."""
+    numeric ``threshold`` (``"auto"`` is resolved before: ``TiledAdjacency.kernel_plan``); ``chunk``
+    defaults to :func:`chunk_for` of its size."""
     if isinstance(threshold, str):
         raise TypeError(f"build_kernel_plan takes a numeric threshold, got {threshold!r}; resolve \"auto\" first "
                         "(TiledAdjacency.kernel_plan does)")
     device, idx = col.device, rowptr.dtype
     n_rows, n_cols = int(shape[0]), int(shape[1])
     nnz = col.numel()
+    chunk = chunk_for(nnz) if chunk is None else int(chunk)
     T = int(tile_size)
     long = dict(dtype=torch.long, device=device)
     n_panels = -(-n_rows // KERNEL_TILE)

@@ -15,7 +15,7 @@ import torch
 
 from . import autotune
 from ._csr import index_dtype_for, inverse_permutation, rows_of_edges, rowptr_from_sorted_rows
-from .kernel_plan import DEFAULT_CHUNK, KernelPlan, block_adaptive_available, build_kernel_plan
+from .kernel_plan import KernelPlan, block_adaptive_available, build_kernel_plan
 from .normalization import normalization
 from .tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
 from .validation import check_csr, check_edge_index, check_edge_values, check_perm, check_tile_options
@@ -368,8 +368,7 @@ class TiledAdjacency:
             rowptr, col = (self.transpose()[:2]) if transpose else (self.rowptr, self.col)
             shape = (self.shape[1], self.shape[0]) if transpose else self.shape
             plan = self._shared[key] = build_kernel_plan(rowptr, col, shape, threshold=threshold,
-                                                         tile_size=self.tile_size, weighted=weighted,
-                                                         chunk=DEFAULT_CHUNK)
+                                                         tile_size=self.tile_size, weighted=weighted)
         return plan
 
     def cached_kernel_plan(self, threshold: float, weighted: bool) -> KernelPlan | None:
