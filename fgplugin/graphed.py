@@ -89,6 +89,7 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
             static_loss.backward()
             optimizer.step()
     except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why
+        _reset_generator_after_failed_capture(device)
         torch.cuda.synchronize(device)
         optimizer.zero_grad(set_to_none=True)
         _fall_back(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
@@ -102,6 +103,17 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
 
     replay.graph = graph  # kept alive with the step (and inspectable)
     return replay
+
+
+def _reset_generator_after_failed_capture(device: torch.device) -> None:
+    """A capture that fails after a random op (dropout) leaves the device's default generator in
+    capture mode: the next random op outside a capture raises "Offset increment outside graph
+    capture encountered unexpectedly". A fresh state with the same seed and offset (``clone_state``)
+    ends that, so the eager steps, and whatever the program does next, can draw again."""
+    generator = torch.cuda.default_generators[device.index if device.index is not None else
+                                              torch.cuda.current_device()]
+    if hasattr(generator, "graphsafe_set_state"):
+        generator.graphsafe_set_state(generator.clone_state())
 
 
 def _device_of(model: torch.nn.Module, inputs) -> torch.device | None:
