@@ -30,7 +30,7 @@ def dtype_class(dtype: torch.dtype) -> str:
 
 @torch.no_grad()
 def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, candidates=CANDIDATES,
-                     reps: int = 7) -> dict[float, float]:
+                     reps: int = 5) -> dict[float, float]:
     """Median forward SpMM time (ms) of each candidate threshold on ``adj``'s device (CUDA)."""
     tile_size, device = adj.tile_size, adj.device
     n_rows, n_cols = adj.shape
@@ -57,10 +57,12 @@ def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, c
                                                        plan.buffer, plan.layout, None, None, None, None, [])
         run()
         torch.cuda.synchronize(device)
-        # Each sample times a batch of back-to-back runs lasting >= ~1 ms: a single run of a small
-        # graph (~0.06 ms) is dominated by launch gaps after the sync, which picked the wrong
-        # threshold on `small` (1.55x the best fixed one).
-        batch = max(1, min(64, round(1.0 / max(_time_runs(run, 1), 1e-3))))
+        # Each sample times a batch of back-to-back runs lasting >= ~0.25 ms: a single run of a
+        # small graph (~0.01-0.06 ms) is dominated by the launch gap after the sync, which picked
+        # the wrong threshold on `small` (1.55x the best fixed one). Batches of >= 1 ms and 7
+        # samples cost >= 7 ms per distinct plan, on real graphs whose whole preprocessing took
+        # 11-90 ms (H100, h100/epoch_real_original.json).
+        batch = max(1, min(64, round(0.25 / max(_time_runs(run, 1), 1e-3))))
         samples = [_time_runs(run, batch) for _ in range(reps)]
         for member in group:
             times[member] = sorted(samples)[len(samples) // 2]
