@@ -20,6 +20,7 @@ from ._csr import rows_of_edges
 # 1.0 = no dense tiles: the whole matrix in the row-balanced CSR kernel, which beat every
 # threshold on products-like at fp32 (H100: 9.79 ms against 10.1 ms at 0.15).
 CANDIDATES = (0.02, 0.03, 0.05, 0.075, 0.10, 0.15, 1.0)
+MIN_DENSE_SHARE = 0.05
 
 
 def dtype_class(dtype: torch.dtype) -> str:
@@ -40,16 +41,10 @@ def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, c
     cs = torch.rand(n_cols, device=device, generator=gen) + 0.5
     values = None if adj.values is None else adj.values.detach().float()
     weighted = values is not None
-    # Thresholds that make the same tiles dense make the same plan: time one of each (the
-    # original order of a graph often has no tile above any candidate, and all of them are the
-    # no-dense-tile plan: reddit-like, 7 timings of its 12 ms SpMM for one answer).
     _, counts = torch.unique(tile_keys(rows_of_edges(adj.rowptr, adj.nnz), adj.col, n_cols, tile_size),
                              return_counts=True)
-    same_plan = {}
-    for thr in candidates:
-        same_plan.setdefault(int(dense_tiles(counts, thr, tile_size).sum()), []).append(float(thr))
     times = {}
-    for group in same_plan.values():
+    for group in plan_groups(counts, adj.nnz, candidates, tile_size):
         thr = max(group)  # the group's plan; 1.0 when it has no dense tile
         plan = adj.cached_kernel_plan(thr, weighted) or build_kernel_plan(
             adj.rowptr, adj.col, adj.shape, threshold=thr, tile_size=tile_size, weighted=weighted)
@@ -61,13 +56,28 @@ def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, c
         # small graph (~0.01-0.06 ms) is dominated by the launch gap after the sync, which picked
         # the wrong threshold on `small` (1.55x the best fixed one). Batches of >= 1 ms and 7
         # samples cost >= 7 ms per distinct plan, on real graphs whose whole preprocessing took
-        # 11-90 ms (H100, h100/epoch_real_original.json).
+        # 11-84 ms (H100, h100/epoch_real_graphed.json).
         batch = max(1, min(64, round(0.25 / max(_time_runs(run, 1), 1e-3))))
         samples = [_time_runs(run, batch) for _ in range(reps)]
         for member in group:
             times[member] = sorted(samples)[len(samples) // 2]
         del plan
     return dict(sorted(times.items()))
+
+
+def plan_groups(tile_counts: torch.Tensor, nnz: int, candidates=CANDIDATES, tile_size: int = 32) -> list[list[float]]:
+    """The candidates grouped by the plan they make, given the non-zero count of every occupied
+    tile: thresholds that make the same tiles dense make the same plan, timed once (the original
+    order of a graph often has no tile above any candidate: reddit-like, 7 timings of its 12 ms
+    SpMM for one answer). A threshold whose dense tiles hold under ``MIN_DENSE_SHARE`` of the
+    non-zeros joins the no-dense-tile group (and loses the tie to 1.0): the dense pass costs a
+    launch and a plan of its own to build, and can save at most that share of the work."""
+    groups: dict[int, list[float]] = {}
+    for thr in candidates:
+        dense = dense_tiles(tile_counts, thr, tile_size)
+        share = float(tile_counts[dense].sum()) / max(nnz, 1)
+        groups.setdefault(int(dense.sum()) if share >= MIN_DENSE_SHARE else 0, []).append(float(thr))
+    return list(groups.values())
 
 
 def _time_runs(run, n: int) -> float:

@@ -256,3 +256,20 @@ def test_raw_op_rejects_mismatched_arguments():
     with pytest.raises(RuntimeError, match="col must be 1-D with the dtype of rowptr"):
         torch.ops.fgplugin.spmm(adj.rowptr, adj.col.long(), None, torch.randn(3, 2), None, None, None, None, [],
                                 None, None, None, None, [])
+
+
+def test_threshold_probe_groups_candidates_by_plan():
+    """The probe times one plan per group of candidate thresholds: those that make the same tiles
+    dense, and with the no-dense-tile plan (1.0) every threshold whose dense tiles would hold under
+    5% of the non-zeros."""
+    from fgplugin.autotune import MIN_DENSE_SHARE, plan_groups
+
+    # tile non-zero counts of 32x32 tiles: one of 600 (59% density), one of 60 (5.9%), many of 3
+    counts = torch.tensor([600, 60] + [3] * 2000)
+    nnz = int(counts.sum())  # 6660: the 600-tile holds 9%, the 60-tile 0.9%
+    groups = plan_groups(counts, nnz, (0.02, 0.05, 0.10, 1.0))
+    assert sorted(map(sorted, groups)) == [[0.02, 0.05], [0.1], [1.0]]  # 0.10 keeps only the 600-tile: 9%
+    # the same tiles in a 20x larger graph hold 0.5%: every candidate is timed as the no-dense plan
+    many = torch.cat([counts, torch.full((40000,), 3)])
+    assert 600 / int(many.sum()) < MIN_DENSE_SHARE
+    assert sorted(map(sorted, plan_groups(many, int(many.sum()), (0.02, 0.05, 0.10, 1.0)))) == [[0.02, 0.05, 0.1, 1.0]]
