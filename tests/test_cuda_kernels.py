@@ -169,6 +169,20 @@ def test_plan_semantics_cpu(seed, tile_size, threshold, chunk):
     assert bool((item_slot[(item_row[:, None] != split_row[None, :]).all(1)] == -1).all())
 
 
+def test_plan_work_items_sized_by_chunk_for():
+    """Without an explicit chunk, a plan cuts its remainder into items of chunk_for(nnz) entries:
+    32 on a small matrix (hub rows split over several items), 256 from 8M non-zeros on."""
+    from fgplugin.kernel_plan import chunk_for
+
+    assert (chunk_for(10_000), chunk_for(1_000_000), chunk_for(20_000_000)) == (32, 64, 256)
+    case = clustered_case(0, max_hub_edges=900)
+    adj = _adj(case)
+    plan = build_kernel_plan(adj.rowptr, adj.col, adj.shape, threshold=1.0)
+    assert plan.chunk == chunk_for(adj.nnz) == 32
+    assert int(plan.item_ptr.diff().max()) <= 32 < int(adj.rowptr.diff().max())
+    assert plan.split_row.numel() > 0
+
+
 def test_cpu_runs_without_kernel_plans():
     case = clustered_case(0, max_hub_edges=900)
     adj = _adj(case)
