@@ -34,8 +34,8 @@ def replicate(model: torch.nn.Module, ctx: ShardingContext) -> DistributedDataPa
     share_random_state_with_replicas(ctx)
     group = dist.new_group(list(range(ctx.world_size)))
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    # The gradients live in DDP's all-reduce buckets (no copy into them and back each step, which
-    # is a visible share of a full-batch step on one GPU); optimizer.zero_grad() still works.
+    # The gradients live in DDP's all-reduce buckets: one copy of them instead of two (no step
+    # time measured either way on one H100: h100/distributed_1rank_ab.json); zero_grad() works.
     return DistributedDataParallel(model, device_ids=device_ids, process_group=group, gradient_as_bucket_view=True)
 
 
