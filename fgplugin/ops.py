@@ -425,10 +425,12 @@ def _adjacency_args(adj: TiledAdjacency, dtype: torch.dtype, transpose: bool) ->
     values, plan, plan_layout, t_rowptr, t_col, t_values, t_plan, t_plan_layout)``, the ``t_``
     ones ``None`` without ``transpose``. Kept on ``adj`` (per dtype, with or without the transpose,
     block-adaptive kernel on or off), so a call after the first looks them up instead of casting
-    the edge values and finding the plans again; not kept when the edge values need a gradient
-    (their cast belongs to each step's autograd graph) or under torch.compile (traced as code)."""
+    the edge values and finding the plans again; rebuilt after an in-place write to the edge
+    values; not kept when they need a gradient (their cast belongs to each step's autograd graph)
+    or under torch.compile (traced as code)."""
+    compiling = torch.compiler.is_compiling()
     key = ("op_args", dtype, transpose, settings.block_adaptive)
-    kept = adj._cache.get(key)
+    kept = None if compiling else adj._kept_for_values(key)
     if kept is not None:
         return kept
     values = None if adj.values is None else adj.values.to(aux_dtype_for(dtype))
@@ -439,8 +441,8 @@ def _adjacency_args(adj: TiledAdjacency, dtype: torch.dtype, transpose: bool) ->
         t_plan = adj.kernel_plan(dtype, transpose=True)
     parts = (adj.rowptr, adj.col, values, *_plan_args(adj.kernel_plan(dtype)), t_rowptr, t_col, t_values,
              *_plan_args(t_plan))
-    if not torch.compiler.is_compiling() and (values is None or not values.requires_grad):
-        adj._cache[key] = parts
+    if not compiling and (values is None or not values.requires_grad):
+        adj._keep_for_values(key, parts)
     return parts
 
 

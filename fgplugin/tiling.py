@@ -97,7 +97,8 @@ class TiledAdjacency:
         self._perm, self._inv_perm = perm, None
         # Caches that depend on the structure only (transpose, degrees, self loops, threshold
         # choices, kernel plans), shared with the copies made by with_values(); and caches that
-        # depend on the values (normalizations).
+        # depend on the values (normalizations, the op's arguments), each kept with the values'
+        # version so that an in-place write to them is seen (_kept_for_values).
         self._shared = {} if _shared is None else _shared
         self._cache = {}
 
@@ -321,26 +322,45 @@ class TiledAdjacency:
         return cached
 
     def transposed_values(self, values: torch.Tensor) -> torch.Tensor:
-        """``values`` (in CSR order, already cast) reordered for A^T; cached unless they need grad."""
+        """``values`` (``self.values``, already cast) reordered for A^T; cached unless they need
+        grad, and rebuilt after an in-place write to ``self.values``."""
         key = ("t_values", values.dtype)
-        cached = self._cache.get(key)
-        if cached is None:
-            cached = values[self.transpose()[2].long()]
-            if not values.requires_grad:
-                self._cache[key] = cached
-        return cached
+        kept = self._kept_for_values(key)
+        if kept is not None:
+            return kept
+        t_values = values[self.transpose()[2].long()]
+        if not values.requires_grad:
+            self._keep_for_values(key, t_values)
+        return t_values
 
     def norm(self, kind: str = "gcn", **options):
         """Row/column scales and diagonal of a normalization, cached: see fgplugin.normalization
         (float64 by default; ``dtype=torch.float32`` for float32 or 16-bit features saves a cast
-        per ``spmm`` call)."""
+        per ``spmm`` call); recomputed after an in-place write to the edge values."""
         key = (kind, tuple(sorted(options.items())))
-        cached = self._cache.get(key)
-        if cached is None:
-            cached = normalization(self, kind, **options)
-            if self.values is None or not self.values.requires_grad:
-                self._cache[key] = cached
-        return cached
+        kept = self._kept_for_values(key)
+        if kept is not None:
+            return kept
+        scales = normalization(self, kind, **options)
+        if self.values is None or not self.values.requires_grad:
+            self._keep_for_values(key, scales)
+        return scales
+
+    def _kept_for_values(self, key):
+        """What ``_keep_for_values`` kept under ``key``, or ``None`` when the edge values were
+        written in place since (their ``_version``). Under torch.compile (which cannot read a
+        version) what was kept in eager mode."""
+        kept = self._cache.get(key)
+        if kept is None or torch.compiler.is_compiling():
+            return None if kept is None else kept[1]
+        return kept[1] if kept[0] == self._values_version() else None
+
+    def _keep_for_values(self, key, value) -> None:
+        if not torch.compiler.is_compiling():
+            self._cache[key] = self._values_version(), value
+
+    def _values_version(self):
+        return None if self.values is None else self.values._version
 
     def _rows(self) -> torch.Tensor:
         return rows_of_edges(self.rowptr, self.nnz)

@@ -352,3 +352,25 @@ def test_eager_call_and_dispatcher_call_agree():
         assert out_a.dtype == out_b.dtype == (dtype or torch.float32)
         assert torch.equal(out_a, out_b) and torch.equal(grad_a, grad_b)
 
+
+@pytest.mark.parametrize("values_dtype", [torch.float32, torch.float64])
+def test_an_in_place_write_to_the_edge_values_is_seen(values_dtype):
+    """What an adjacency keeps from its edge values (their cast to the kernels' dtype, their
+    transpose order, the GCN scales) is rebuilt after ``adj.values`` is written in place:
+    forward, gradient and normalization all follow, never the old values."""
+    base = random_graph_case(3, n_src=30).adjacency()
+    values = torch.rand(base.nnz, dtype=values_dtype) + 0.5
+    adj = TiledAdjacency.from_csr(base.rowptr, base.col, values, shape=base.shape)
+    x = torch.randn(30, 4, requires_grad=True)
+    scales = adj.norm("gcn", dtype=torch.float32)
+    fgplugin.spmm(adj, x, *scales).sum().backward()  # fills the kept arguments
+    adj.values.mul_(3.0).add_(1.0)
+    rows = torch.repeat_interleave(torch.arange(30), base.rowptr.diff())
+    dense = torch.zeros(30, 30, dtype=torch.float64).index_put((rows, base.col.long()), adj.values.double(),
+                                                               accumulate=True)
+    x.grad = None
+    out = fgplugin.spmm(adj, x)
+    out.backward(torch.ones_like(out))
+    assert rel_error(out, dense @ x.double()) < 1e-6
+    assert rel_error(x.grad, dense.t() @ torch.ones(30, 4, dtype=torch.float64)) < 1e-6
+    assert all(not torch.equal(a, b) for a, b in zip(adj.norm("gcn", dtype=torch.float32)[:2], scales[:2]))
