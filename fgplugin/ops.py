@@ -93,12 +93,19 @@ def _autocast_kernel(device_type: str, dispatch_key):
 
     def kernel(_keyset, *args):
         x = args[3]
-        if x.dtype == torch.float32 and x.device.type == device_type:
-            args = (*args[:3], x.to(torch.get_autocast_dtype(device_type)), *args[4:])
+        if x.device.type == device_type:
+            args = (*args[:3], _in_autocast_dtype(x), *args[4:])
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(dispatch_key)):
             return torch.ops.fgplugin.spmm.default(*args)
 
     return kernel
+
+
+def _in_autocast_dtype(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as autocast aggregates it: float32 features in the autocast dtype of their device."""
+    if x.dtype == torch.float32:
+        return x.to(torch.get_autocast_dtype(x.device.type))
+    return x
 
 
 def _autograd_kernel(op, function):
@@ -174,19 +181,13 @@ def run_spmm(args: OpArgs, needs_grad: bool | None = None) -> torch.Tensor:
     x = args.x
     if not _plain_eager(x):
         return torch.ops.fgplugin.spmm.default(*args)
-    if x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
-        args = args._replace(x=x.to(torch.get_autocast_dtype(x.device.type)))
+    if torch.is_autocast_enabled(x.device.type):
+        args = args._replace(x=_in_autocast_dtype(x))
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and torch._C._any_requires_grad(*args)
     if needs_grad:
-        return _apply_spmm_autograd(None, *args)
+        return _FUNCTION_APPLY(None, *args)
     return _below_autograd(torch.ops.fgplugin.spmm.default, None, args)
-
-
-def _apply_spmm_autograd(*args):
-    """``_SpmmAutograd.apply(*args)`` less the Python wrapper's per-argument pass (it unwraps
-    functorch's dead wrappers, which plain eager mode has none of): ~10 us of a 14-argument call."""
-    return _FUNCTION_APPLY(*args)
 
 
 def _plain_eager(x: torch.Tensor) -> bool:
@@ -234,7 +235,10 @@ class _SpmmAutograd(torch.autograd.Function):
         return (None, None, None, *grads) + (None,) * 7
 
 
-_FUNCTION_APPLY = super(torch.autograd.Function, _SpmmAutograd).apply  # torch's C apply, bound to the class
+# _SpmmAutograd.apply less its Python wrapper's pass over the arguments (it unwraps functorch's dead
+# wrappers, which plain eager mode has none of): torch's C apply, bound to the class; ~10 us of a
+# 14-argument call
+_FUNCTION_APPLY = super(torch.autograd.Function, _SpmmAutograd).apply
 
 
 def input_grads(args: OpArgs, grad: torch.Tensor, need, skip_zero_rows: bool = False):

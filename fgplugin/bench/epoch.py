@@ -471,7 +471,6 @@ def run_accuracy_suite(graphs=ACCURACY_GRAPHS, impls=("pyg-edge_index", "fgplugi
     rows = []
     variants = [(m, p) for m in models for p in precisions]
     bar = progress(len(graphs) * len(orders) * len(impls) * len(variants)) if progress else None
-    _warm_up_kernels(device)
     for name, base in _loaded(graphs, device, 0, orders, impls, variants, {"op": "accuracy", "value": None}, rows, bar,
                               lambda err, name: log(f"[accuracy] {name}: error: {err}")):
         problems = {"original": base}

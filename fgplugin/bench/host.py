@@ -8,8 +8,8 @@ each call (Python, argument checks, the dispatcher, the launches) is the step's 
 (original order, GCN normalization, ``threshold="auto"`` as the epoch suite's fgplugin) and implementation, ``--calls`` back-to-back calls on
 ``[n, F]`` float32 features (``F`` = ``--F``, default 16, so the kernels stay short):
 
-- ``torch.sparse.mm``: a CSR tensor of ``D^-1/2 (A + I) D^-1/2`` (normalized once, as a user of
-  cuSPARSE would keep it) times ``x``;
+- ``torch.sparse.mm``: the ``cusparse-cached`` baseline's CSR tensor of ``D^-1/2 (A + I) D^-1/2``
+  (normalized once, as a user of cuSPARSE would keep it) times ``x``;
 - ``fgplugin.spmm``: ``fgplugin.spmm(adj, x, *adj.norm("gcn", dtype=torch.float32))``, the call a
   GCN layer makes;
 - the same two with ``x`` requiring a gradient (``+grad``): the forward call as in training, with
@@ -74,11 +74,13 @@ def graph_rows(name: str, device: torch.device, features: int, calls: int, reps:
     import fgplugin
     from fgplugin.datasets import load_graph
 
+    from .baselines import CachedCSRGraph
+
     g = load_graph(name, device)  # a real graph comes on the CPU
     adj = fgplugin.TiledAdjacency.from_edge_index(g.edge_index.to(device), g.num_nodes, threshold="auto")
     adj.prepare(torch.float32)  # the threshold probe and the kernel plans: not part of a call
     norm = adj.norm("gcn", dtype=torch.float32)
-    csr = _normalized_csr(adj, *norm)
+    csr = CachedCSRGraph(g.edge_index.to(device), g.num_nodes).csr()
     x = torch.randn(g.num_nodes, features, device=device)
     rows = []
     for impl in IMPLS:
@@ -92,17 +94,6 @@ def graph_rows(name: str, device: torch.device, features: int, calls: int, reps:
                      "nodes": g.num_nodes, "nnz": adj.nnz, "calls": calls, "host_us": host_us, "gpu_us": gpu_us,
                      "bound": None if gpu_us is None else ("device" if gpu_us > host_us else "host")})
     return rows
-
-
-def _normalized_csr(adj, row_scale, col_scale, diag) -> torch.Tensor:
-    """``diag(r) (A + diag(d)) diag(c)`` as a torch CSR tensor (self loops as entries)."""
-    n = adj.shape[0]
-    rows = torch.repeat_interleave(torch.arange(n, device=adj.device), adj.rowptr.diff().long())
-    cols = adj.col.long()
-    loops = torch.arange(n, device=adj.device)
-    index = torch.stack([torch.cat([rows, loops]), torch.cat([cols, loops])])
-    values = torch.cat([row_scale[rows] * col_scale[cols], row_scale * diag * col_scale])
-    return torch.sparse_coo_tensor(index, values, adj.shape).coalesce().to_sparse_csr()
 
 
 def _time_loop(call, calls: int, device: torch.device) -> tuple[float, float | None]:
