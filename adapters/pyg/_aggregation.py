@@ -92,8 +92,9 @@ def gcn_scales(graph: Graph, adj: TiledAdjacency, values: Tensor | None, improve
         values = adj.values  # in CSR order, like the loop positions (_node_loops)
     cacheable = values is None or not values.requires_grad  # then they depend on the adjacency alone
     key = ("pyg_gcn_scales", graph.kind, improved, dtype)
-    if cacheable and key in adj._cache:
-        return adj._cache[key]
+    kept = adj._kept_for_values(key) if cacheable else None  # rebuilt after an in-place write to the values
+    if kept is not None:
+        return kept
     fill = 2.0 if improved else 1.0
     if graph.kind in ("edge_index", "tiled") and values is None:
         fill = _UNWEIGHTED_FILL[improved]
@@ -109,7 +110,7 @@ def gcn_scales(graph: Graph, adj: TiledAdjacency, values: Tensor | None, improve
         diag = fill - loops
     scales = scales_of_degrees("gcn", adj.in_degree(weighted=True, dtype=work), diag=diag, dtype=dtype)
     if cacheable:
-        adj._cache[key] = scales
+        adj._keep_for_values(key, scales)
     return scales
 
 
