@@ -9,7 +9,9 @@ and the distributed path hand their aggregation to :func:`aggregate`, which comp
 (``W``, ``b`` optional, ``K`` = ``hops``) and owns the shortcuts, each written once here:
 
 - **kept input aggregation**: when ``X`` is a constant input (fgplugin.input_cache), ``A^K X`` is
-  kept from the second call on and only the dense product runs;
+  kept from the second call on and only the dense product runs; or, where ``X`` is mostly zeros
+  and that is faster, ``X`` itself is kept as a sparse matrix and ``A^K (X W)`` runs with ``X W``
+  on the SpMM (fgplugin.sparse_input);
 - **order**: ``A (X W)`` when ``W`` narrows the features (fewer columns to aggregate), else
   ``(A X) W``, as DGL's GraphConv chooses;
 - **padding**: where the kernel wants wider rows than ``W``'s columns (47 on CUDA: 48), ``W``
@@ -40,7 +42,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import input_cache, ops
+from . import input_cache, ops, sparse_input
 from .normalization import Normalization
 from .ops import padded_width
 from .tiling import TiledAdjacency
@@ -100,7 +102,9 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
     if x.layout != torch.strided:  # sparse features: the stock order, no shortcuts
         out = _propagate(graph, x if weight is None else x @ weight, hops, node_dim)
         return out if bias is None else out + bias
-    kept = _kept(graph, x, hops, owner, settings, node_dim)
+    kept = _kept(graph, x, hops, owner, settings, node_dim, weight)
+    if isinstance(kept, sparse_input.SparseInput):
+        return _aggregate_transformed(graph, kept, weight, bias, hops, 0)
     if kept is not None:
         return transform_with_bias(kept, weight, bias)
     if weight is not None and weight.shape[0] > weight.shape[1]:
@@ -127,14 +131,22 @@ def _propagate(graph, x: Tensor, hops: int, node_dim: int = 0) -> Tensor:
     return x
 
 
-def _kept(graph, x: Tensor, hops: int, owner, settings: tuple, node_dim: int) -> Tensor | None:
-    """``Â^hops x`` kept from an earlier call when ``x`` is a constant input over the same graph
-    (fgplugin.input_cache), else ``None``."""
+def _kept(graph, x: Tensor, hops: int, owner, settings: tuple, node_dim: int,
+          weight: Tensor | None = None) -> Tensor | sparse_input.SparseInput | None:
+    """What an earlier call kept when ``x`` is a constant input over the same graph
+    (fgplugin.input_cache): ``Â^hops x``, or, for a layer with a ``weight`` where that is faster,
+    ``x`` as a :class:`fgplugin.sparse_input.SparseInput`; else ``None``."""
     if owner is None or not graph.key:
         return None
     nbytes = x.numel() // max(x.shape[node_dim], 1) * graph.shape[0] * x.element_size()
-    return input_cache.of(owner).get(x, (*graph.key, hops, node_dim, *settings), nbytes,
-                                     lambda: _propagate(graph, x, hops, node_dim))
+    may_be_sparse = weight is not None and weight.dim() == 2 and x.dim() == 2 and node_dim % 2 == 0 \
+        and isinstance(graph, Aggregation)
+
+    def keep():
+        kept = sparse_input.keep(graph, x, weight.shape[1], hops) if may_be_sparse else None
+        return _propagate(graph, x, hops, node_dim) if kept is None else kept
+
+    return input_cache.of(owner).get(x, (*graph.key, hops, node_dim, may_be_sparse, *settings), nbytes, keep)
 
 
 def _aggregate_transformed(graph, x: Tensor, weight: Tensor, bias: Tensor | None, hops: int,

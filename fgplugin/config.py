@@ -33,6 +33,9 @@ VARIABLES = (
              "(`set_wgmma`)"),
     Variable("FGPLUGIN_INPUT_CACHE", "1",
              "`0`: layers never keep the aggregation of a constant input (`fgplugin.set_input_cache`)"),
+    Variable("FGPLUGIN_SPARSE_INPUT", "auto",
+             "`0`: a layer's constant input is never kept as a sparse matrix; `1`: always where it applies; "
+             "`auto`: where a timed probe finds it faster (`fgplugin.set_sparse_input`)"),
     Variable("FGPLUGIN_SKIP_ZERO_ROWS", "1",
              "`0`: backward products never skip the zero rows of their output gradient "
              "(`fgplugin.set_row_skipping`)"),
@@ -47,12 +50,23 @@ def _flag(name: str, default: bool) -> bool:
     return default if value is None or value == "" else value != "0"
 
 
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = os.environ.get(name) or default
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+SPARSE_INPUT_MODES = ("auto", "0", "1")
+
+
 @dataclass
 class Settings:
     """The switches in force (read from the environment at import)."""
 
     input_cache: bool = _flag("FGPLUGIN_INPUT_CACHE", True)
     skip_zero_rows: bool = _flag("FGPLUGIN_SKIP_ZERO_ROWS", True)
+    sparse_input: str = _choice("FGPLUGIN_SPARSE_INPUT", "auto", SPARSE_INPUT_MODES)
     block_adaptive: bool = _flag("FGPLUGIN_BLOCK_ADAPTIVE", True)
     wgmma: bool = not _flag("FGPLUGIN_NO_WGMMA", False)
     build_extension: bool = not _flag("FGPLUGIN_NO_EXTENSION", False)
@@ -68,6 +82,18 @@ def set_input_cache(enabled: bool) -> bool:
     layer; returns the previous setting. Kept aggregations are dropped by each layer's next call
     while it is off."""
     previous, settings.input_cache = settings.input_cache, bool(enabled)
+    return previous
+
+
+def set_sparse_input(mode) -> str:
+    """Whether a layer's constant, mostly-zero input may be kept as a sparse matrix
+    (fgplugin.sparse_input): ``"auto"`` (where a timed probe finds it faster), ``"0"`` / ``False``
+    (never) or ``"1"`` / ``True`` (wherever it applies); returns the previous mode. Inputs the
+    layers already keep stay as they are until their cache is refilled."""
+    mode = {False: "0", True: "1"}.get(mode, mode) if isinstance(mode, bool) else str(mode)
+    if mode not in SPARSE_INPUT_MODES:
+        raise ValueError(f"set_sparse_input takes 'auto', '0' / False or '1' / True, got {mode!r}")
+    previous, settings.sparse_input = settings.sparse_input, mode
     return previous
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import fgplugin
+from fgplugin import input_cache, sparse_input
 from fgplugin.graphed import GraphedStepWarning
 from fgplugin.testing import clustered_case
 
@@ -91,6 +92,35 @@ def test_a_captured_step_replays_the_eager_steps():
     step, losses = _graphed_losses(model, x, edge_index, y, idx, STEPS)
     assert isinstance(step.graph, torch.cuda.CUDAGraph)
     expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]
+    assert losses == pytest.approx(expected, rel=1e-5)
+    for got, want in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@CUDA
+@pytest.mark.parametrize("warmup", [1, WARMUP])
+def test_a_sparse_input_is_captured(warmup):
+    """A bag-of-words input kept sparse (fgplugin.sparse_input, forced on) is captured and replays
+    the eager steps; with one warm-up step the input cache fills inside the capture, where the
+    sparse form's probe cannot run, and the dense form is kept instead."""
+    x, edge_index, y, train = _problem("cuda")
+    x = x * (torch.rand_like(x) < 0.1)
+    idx = train.nonzero().squeeze(1)
+    torch.manual_seed(0)
+    model = _GCN().cuda()
+    reference = copy.deepcopy(model)
+    previous = fgplugin.set_sparse_input("1")
+    try:
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index,
+                                     warmup=warmup)
+        losses = [float(step()) for _ in range(STEPS)]
+        kept = input_cache.of(model.conv1)._value
+        assert isinstance(step.graph, torch.cuda.CUDAGraph)
+        assert isinstance(kept, sparse_input.SparseInput) == (warmup > 1)
+        expected = _eager_losses(reference, x, edge_index, y, idx, warmup + STEPS)[warmup:]
+    finally:
+        fgplugin.set_sparse_input(previous)
     assert losses == pytest.approx(expected, rel=1e-5)
     for got, want in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

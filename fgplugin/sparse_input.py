@@ -1,0 +1,143 @@
+"""A layer's constant input kept as a sparse matrix, so that ``x W`` runs on fgplugin's SpMM.
+
+Many graphs come with bag-of-words node features: 0.1-2% of the entries of Cora's, CiteSeer's,
+Coauthor's or Facebook's 1-7K feature columns are non-zero. The first layer multiplies them by
+its weight every step, and again (transposed) for the weight's gradient: two dense GEMMs over
+``n x F`` mostly-zero entries, which on such graphs are most of a captured training step for
+stock PyG and for fgplugin alike (H100: 0.65-0.9 ms of the 1.1-1.2 ms steps of coauthor_cs,
+facebook_pagepage and cornell5; docs/results.md).
+
+When the input cache (fgplugin.input_cache) keeps a layer's constant input anyway, it may keep
+``x`` as a CSR (a :class:`SparseInput`) instead of the dense ``A^K x``; the layer then computes
+``A^K (x W)``, with ``x W`` on fgplugin's SpMM (``x``'s CSR times ``W``; its backward the
+transposed product for ``W``'s gradient), ``A^K`` on the layer's graph. Per step that is four
+sparse products over ``nnz(x) + K nnz(A)`` entries instead of two GEMMs over ``n F``.
+
+Which is faster depends on the densities, the widths and the device, so the choice is timed,
+once, when the cache is filled: both ways' forward and backward products on the actual shapes
+(:func:`keep`). Only float32 inputs are candidates (float64 values would be cast to the
+adjacency's float32). ``FGPLUGIN_SPARSE_INPUT`` / :func:`fgplugin.set_sparse_input` turn the
+choice off (``"0"``) or force the sparse form wherever it applies (``"1"``, for tests).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch import Tensor
+
+from . import ops
+from ._csr import rowptr_from_sorted_rows
+from .config import settings
+from .tiling import TiledAdjacency
+
+# Inputs whose sparse work (nnz(x) + K nnz(A)) exceeds this share of n F are never timed: gathers
+# cost several times a GEMM's multiply-add, so the sparse form cannot win there.
+MAX_SPARSE_SHARE = 0.1
+PROBE_SAMPLES = 3
+
+
+class SparseInput:
+    """A constant ``[n, F]`` input held as its non-zeros (a rectangular :class:`TiledAdjacency`
+    without dense tiles): ``x @ w`` is ``fgplugin.spmm(adj, w)``, differentiable in ``w``."""
+
+    __slots__ = ("adj",)
+
+    def __init__(self, adj: TiledAdjacency):
+        self.adj = adj
+
+    @classmethod
+    def of(cls, x: Tensor) -> "SparseInput":
+        """The non-zeros of a 2-D float tensor ``x`` (raises ValueError for NaN or infinite ones)."""
+        x = x.detach()
+        rows, cols = x.nonzero(as_tuple=True)  # row-major: a CSR's order
+        rowptr = rowptr_from_sorted_rows(rows, x.shape[0], torch.int64)
+        # no dense tiles: a feature matrix has no blocks for them, and no probe is spent on it
+        return cls(TiledAdjacency.from_csr(rowptr, cols, x[rows, cols], shape=tuple(x.shape), threshold=1.0))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.adj.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.adj.values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.adj.device
+
+    def __matmul__(self, w: Tensor) -> Tensor:
+        return ops.spmm(self.adj, w)
+
+
+def keep(graph, x: Tensor, width: int, hops: int) -> SparseInput | None:
+    """``x`` as a :class:`SparseInput` where the sparse products beat the dense ones for a layer
+    that aggregates ``x`` over ``graph`` (an ``Aggregation``) ``hops`` times and multiplies it by a
+    ``[F, width]`` weight; else ``None`` (keep ``A^K x`` dense)."""
+    if settings.sparse_input == "0" or x.dim() != 2 or x.dtype != torch.float32 or x.numel() == 0:
+        return None
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():  # counting and timing need host syncs
+        return None
+    n, features = x.shape
+    work = int(torch.count_nonzero(x)) + hops * graph.adj.nnz
+    if settings.sparse_input != "1" and work > MAX_SPARSE_SHARE * n * features:
+        return None
+    try:
+        sparse = SparseInput.of(x)
+    except ValueError:  # NaN or infinite features: the dense products keep their semantics
+        return None
+    if settings.sparse_input == "1" or _sparse_is_faster(graph, x, sparse, width, hops):
+        return sparse
+    return None
+
+
+@torch.no_grad()
+def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: int) -> bool:
+    """Times one step's products both ways: the dense form's GEMMs ``(A^K x) W`` and
+    ``(A^K x)^T G``, against ``x W``, ``x^T G`` and the ``hops`` forward and adjoint products
+    over the graph, all at ``width`` columns."""
+    gen = torch.Generator(device=x.device).manual_seed(0)
+    w = torch.randn(x.shape[1], width, device=x.device, generator=gen)
+    g = torch.randn(x.shape[0], width, device=x.device, generator=gen)
+    adj, scales = graph.adj, graph.norm
+
+    def dense():
+        torch.mm(x, w)
+        torch.mm(x.t(), g)
+
+    def sparse_products():
+        h = sparse @ w
+        for _ in range(hops):
+            h = graph(h)
+            ops.spmm_adjoint(adj, g, *scales)
+        ops.spmm_adjoint(sparse.adj, g)
+
+    sparse_ms = _ms(sparse_products, x.device, warm_up=True)
+    # the GEMMs build nothing on a first call; one of them slower than the whole sparse step settles it
+    return sparse_ms < _ms(dense, x.device, warm_up=False, stop_above=sparse_ms)
+
+
+def _ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf")) -> float:
+    """Median ms of ``run`` over a few batches lasting >= ~0.25 ms each; after one timed run when
+    that one took over ``stop_above`` ms. ``warm_up``: run once untimed first (a first sparse
+    product builds the transpose and the kernel plans)."""
+    if warm_up:
+        run()
+    once = _batch_ms(run, 1, device)
+    if once > stop_above:
+        return once
+    batch = max(1, min(64, round(0.25 / max(once, 1e-3))))
+    return statistics.median(_batch_ms(run, batch, device) for _ in range(PROBE_SAMPLES))
+
+
+def _batch_ms(run, n: int, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(n):
+        run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) * 1e3 / n

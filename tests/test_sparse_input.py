@@ -1,0 +1,151 @@
+"""fgplugin.sparse_input: a layer's constant, mostly-zero input kept as a sparse matrix gives the
+stock layers' outputs and training, and is used only where it applies (and, on "auto", pays)."""
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
+import torch_geometric.nn as pyg_nn  # noqa: E402
+
+import fgplugin  # noqa: E402
+import fgplugin.pyg as fp  # noqa: E402
+from fgplugin import input_cache, sparse_input  # noqa: E402
+from fgplugin.reference import spmm_reference  # noqa: E402
+from fgplugin.sparse_input import SparseInput  # noqa: E402
+from fgplugin.testing import rel_error  # noqa: E402
+
+TOL = 1e-5
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(autouse=True)
+def cache_on():
+    previous = fgplugin.set_input_cache(True), fgplugin.set_sparse_input("auto")
+    yield
+    fgplugin.set_input_cache(previous[0])
+    fgplugin.set_sparse_input(previous[1])
+
+
+def bag_of_words(n, features, density, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(n, features, generator=g) < density
+    return (mask * torch.rand(n, features, generator=g)).to(dtype)
+
+
+def graph(n, e, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, n, (2, e), generator=g)
+
+
+MODELS = {
+    "gcn": lambda lib, f: (lib.GCNConv(f, 16), lib.GCNConv(16, 5)),
+    "sg": lambda lib, f: (lib.SGConv(f, 16, K=2), lib.SGConv(16, 5, K=2)),
+    "sage": lambda lib, f: (lib.SAGEConv(f, 16), lib.SAGEConv(16, 5)),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model", MODELS)
+def test_training_matches_stock(model, device, fresh_seed):
+    """Forced on, the first layer keeps x as a SparseInput from its second call; six Adam steps
+    give the stock layers' outputs and weights."""
+    fgplugin.set_sparse_input("1")
+    n, features = 90, 120
+    x, ei = bag_of_words(n, features, 0.03, fresh_seed).to(device), graph(n, 500, fresh_seed).to(device)
+    torch.manual_seed(fresh_seed)
+    stock = torch.nn.ModuleList(MODELS[model](pyg_nn, features)).to(device)
+    ours = torch.nn.ModuleList(MODELS[model](fp, features)).to(device)
+    ours.load_state_dict(stock.state_dict())
+    target = torch.randn(n, 5, generator=torch.Generator().manual_seed(fresh_seed)).to(device)
+    optimizers = [torch.optim.Adam(m.parameters(), lr=0.05) for m in (stock, ours)]
+    for step in range(6):
+        outs = [m[1](m[0](x, ei).relu(), ei) for m in (stock, ours)]
+        assert rel_error(outs[1], outs[0]) < TOL, (step, fresh_seed)
+        for opt, out in zip(optimizers, outs):
+            opt.zero_grad()
+            ((out - target) ** 2).mean().backward()
+            opt.step()
+    assert isinstance(input_cache.of(ours[0])._value, SparseInput)
+    for (name, p_s), p_o in zip(stock.named_parameters(), ours.parameters()):
+        assert rel_error(p_o, p_s) < TOL, (name, fresh_seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_product_and_gradient_against_float64(device, fresh_seed):
+    """``SparseInput @ w`` is x @ w, and its gradient in w is x^T g (float64 reference)."""
+    x = bag_of_words(70, 200, 0.05, fresh_seed).to(device)
+    w = torch.randn(200, 12, generator=torch.Generator().manual_seed(fresh_seed)).to(device).requires_grad_()
+    out = SparseInput.of(x) @ w
+    g = torch.randn_like(out)
+    out.backward(g)
+    assert rel_error(out, x.double() @ w.detach().double()) < TOL
+    assert rel_error(w.grad, x.double().t() @ g.double()) < TOL
+    sparse = SparseInput.of(x)
+    assert sparse.shape == (70, 200) and sparse.adj.nnz == int((x != 0).sum())
+    ref = spmm_reference(sparse.adj.rowptr, sparse.adj.col, sparse.adj.values.double(), w.detach().double(), None,
+                         None, None)
+    assert rel_error(out, ref) < TOL
+
+
+def test_not_used_where_it_does_not_apply():
+    """Off, on dense inputs (auto: without a probe), on float64 or non-finite inputs, and for a
+    layer without a weight of its own (LGConv), the dense A^K x is kept as before."""
+    n, features = 80, 100
+    ei = graph(n, 400, 0)
+    cases = [("0", bag_of_words(n, features, 0.02, 0), fp.GCNConv(features, 8)),
+             ("auto", torch.randn(n, features), fp.GCNConv(features, 8)),
+             ("1", bag_of_words(n, features, 0.02, 0, torch.float64), fp.GCNConv(features, 8).double()),
+             ("1", bag_of_words(n, features, 0.02, 0).index_fill_(0, torch.tensor([3]), float("nan")),
+              fp.GCNConv(features, 8)),
+             ("1", bag_of_words(n, features, 0.02, 0), fp.LGConv())]
+    for mode, x, layer in cases:
+        fgplugin.set_sparse_input(mode)
+        for _ in range(3):
+            layer(x, ei)
+        kept = input_cache.of(layer)._value
+        assert isinstance(kept, torch.Tensor), (mode, x.dtype, type(layer).__name__)
+
+
+def test_auto_keeps_what_is_faster(monkeypatch):
+    """On "auto" the timed probe decides; a very sparse wide input is kept sparse when it wins and
+    dense when it loses."""
+    n, features = 200, 400
+    x, ei = bag_of_words(n, features, 0.01, 1), graph(n, 600, 1)
+    for faster in (True, False):
+        monkeypatch.setattr(sparse_input, "_sparse_is_faster", lambda *args, answer=faster: answer)
+        layer = fp.GCNConv(features, 16)
+        for _ in range(3):
+            layer(x, ei)
+        assert isinstance(input_cache.of(layer)._value, SparseInput) == faster
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_probe_times_both_ways(device):
+    """The probe runs both forms' products (no mock) and answers a bool."""
+    n, features = 150, 300
+    x, ei = bag_of_words(n, features, 0.01, 2).to(device), graph(n, 500, 2).to(device)
+    aggregation = fp.GCNConv(features, 8)._aggregation(n, ei, None, torch.float32)
+    answer = sparse_input._sparse_is_faster(aggregation, x, SparseInput.of(x), 8, 1)
+    assert isinstance(answer, bool)
+
+
+def test_autocast_bf16_against_float64():
+    """Under bf16 autocast the sparse product aggregates 16-bit W with float32 accumulation."""
+    fgplugin.set_sparse_input("1")
+    n, features = 64, 96
+    x, ei = bag_of_words(n, features, 0.05, 3), graph(n, 300, 3)
+    layer = fp.GCNConv(features, 8)
+    stock = pyg_nn.GCNConv(features, 8).double()
+    stock.load_state_dict(layer.state_dict())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(3):
+            out = layer(x, ei)
+    assert isinstance(input_cache.of(layer)._value, SparseInput) and out.dtype == torch.bfloat16
+    assert rel_error(out, stock(x.double(), ei)) < 2e-2
+
+
+def test_set_sparse_input_checks_its_argument():
+    assert fgplugin.set_sparse_input(True) == "auto"
+    assert fgplugin.set_sparse_input(False) == "1"
+    assert fgplugin.set_sparse_input("auto") == "0"
+    with pytest.raises(ValueError, match="set_sparse_input takes"):
+        fgplugin.set_sparse_input("sometimes")
