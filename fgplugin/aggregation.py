@@ -81,7 +81,7 @@ class Aggregation(NamedTuple):
         return ops.spmm(self.adj, x, *self.norm)
 
     def vector_width(self, features: int, dtype: torch.dtype) -> int:
-        return padded_width(features, dtype, self.adj.device)
+        return padded_width(features, dtype, self.adj.device, self.adj.nnz)
 
 
 def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | None = None, hops: int = 1,

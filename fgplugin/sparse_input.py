@@ -36,6 +36,7 @@ from .tiling import TiledAdjacency
 # cost several times a GEMM's multiply-add, so the sparse form cannot win there.
 MAX_SPARSE_SHARE = 0.1
 PROBE_SAMPLES = 3
+SLEEP_CYCLES_PER_S = 2e9  # above any GPU's clock: the sleep lasts at least as long as asked
 
 
 class SparseInput:
@@ -120,9 +121,9 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
 
 
 def _ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf")) -> float:
-    """Median ms of ``run`` over a few batches lasting >= ~0.25 ms each; after one timed run when
-    that one took over ``stop_above`` ms. ``warm_up``: run once untimed first (a first sparse
-    product builds the transpose and the kernel plans)."""
+    """Median device ms of ``run`` over a few batches of >= ~0.25 ms; after one timed run when that
+    one took over ``stop_above`` ms. ``warm_up``: run once untimed first (a first sparse product
+    builds the transpose and the kernel plans)."""
     if warm_up:
         run()
     once = _batch_ms(run, 1, device)
@@ -133,11 +134,24 @@ def _ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf
 
 
 def _batch_ms(run, n: int, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
+    """ms per run of ``n`` runs: wall time on the CPU; on CUDA the device's time, with the GPU held
+    by a sleep kernel until the host has queued every run, so that launch gaps (host time, which
+    a captured step does not pay and a host-bound eager step pays either way) are not counted."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(n):
+            run()
+        return (time.perf_counter() - start) * 1e3 / n
+    torch.cuda.synchronize(device)
+    queued = time.perf_counter()
+    run()  # how long the host takes to queue one run sets the sleep
+    host_s = time.perf_counter() - queued
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(min(2.0 * n * host_s, 0.5) * SLEEP_CYCLES_PER_S))
+    start.record()
     for _ in range(n):
         run()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) * 1e3 / n
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n

@@ -152,7 +152,7 @@ def test_graphconv_pads_the_weight_not_the_features(case, monkeypatch):
     columns, and outputs and gradients match stock (with and without bias, 2-D and 3-D)."""
     from fgplugin import aggregation, ops
 
-    monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device: features + -features % 4)
+    monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device, nnz=None: features + -features % 4)
     widths, run_spmm = [], ops.run_spmm
     monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
     graph = graph_case(case)

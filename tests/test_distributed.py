@@ -410,7 +410,7 @@ def test_dist_gcn_pads_the_weight_not_the_features(bias, monkeypatch):
     plain, plain_grads = _output_and_grads(model, graph, x)
     widths, run_spmm = [], ops.run_spmm
     monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
-    monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device: features + -features % 4)
+    monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device, nnz=None: features + -features % 4)
     padded, padded_grads = _output_and_grads(model, graph, x)
     assert 8 in widths and 12 in widths  # both layers' products ran on padded widths (10 -> 12, 6 -> 8)
     assert padded.is_contiguous() and rel_error(padded, plain) <= 1e-5

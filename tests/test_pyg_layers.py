@@ -180,7 +180,7 @@ def test_gcn_pads_the_weight_not_the_features(kind, bias, monkeypatch, fgplugin_
     and outputs and gradients (x, W, bias, edge weights) match stock, the output contiguous."""
     from fgplugin import aggregation, ops
 
-    monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device: features + -features % 4)
+    monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device, nnz=None: features + -features % 4)
     widths, run_spmm = [], ops.run_spmm
     monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
     ei, w, n = graph_case("messy")

@@ -223,6 +223,18 @@ def test_no_transpose_built_without_grad():
     assert "transpose" in adj._shared
 
 
+def test_padded_width_rule():
+    """CUDA products pad to whole 16-byte rows, unless their work (nnz x width) is under
+    PAD_MIN_WORK; off CUDA and for float64 nothing pads."""
+    big, small = fgplugin.ops.PAD_MIN_WORK, 1000
+    assert fgplugin.ops.padded_width(47, torch.float32, torch.device("cuda")) == 48
+    assert fgplugin.ops.padded_width(47, torch.float32, torch.device("cuda"), nnz=big) == 48
+    assert fgplugin.ops.padded_width(47, torch.float32, torch.device("cuda"), nnz=small) == 47
+    assert fgplugin.ops.padded_width(41, torch.bfloat16, torch.device("cuda"), nnz=big) == 48
+    assert fgplugin.ops.padded_width(47, torch.float64, torch.device("cuda"), nnz=big) == 47
+    assert fgplugin.ops.padded_width(47, torch.float32, torch.device("cpu"), nnz=big) == 47
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_aggregate_padded_product_matches_the_unpadded_one(device, with_bias, monkeypatch):
@@ -242,7 +254,7 @@ def test_aggregate_padded_product_matches_the_unpadded_one(device, with_bias, mo
     leaves = [t for t in (x, w, b) if t is not None]
 
     def run(width):
-        monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device: width)
+        monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device, nnz=None: width)
         out = aggregate(Aggregation(adj, scales), x, weight=w, bias=b)
         return out, torch.autograd.grad(out, leaves, upstream)
 
