@@ -20,7 +20,8 @@ What capture needs, and what this does about it:
   index with ``mask.nonzero()`` computed once, as above. fgplugin's zero-row skipping
   (fgplugin.grad_rows) finds the live rows of a gradient on the host, so it is off while the
   step is warmed up and captured (the captured backward runs the full products); the kept input
-  aggregation (fgplugin.input_cache) is filled in the warm-up and read by the graph.
+  aggregation (fgplugin.input_cache) is filled in the warm-up and read by the graph, its form
+  (dense, or a mostly-zero input kept sparse: fgplugin.sparse_input) chosen by device time alone.
 - **Optimizers**: those with a ``capturable`` option (Adam, AdamW, ...) are switched to it, which
   keeps their step counts on the GPU. A ``GradScaler`` (fp16) syncs on every step and cannot be
   captured; bf16 autocast can (``autocast=torch.bfloat16``).
@@ -37,6 +38,7 @@ from typing import Callable
 
 import torch
 
+from . import sparse_input
 from .config import set_row_skipping
 
 
@@ -78,7 +80,7 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
     try:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), sparse_input.for_captured_step():
             for _ in range(warmup):
                 eager()
         torch.cuda.current_stream(device).wait_stream(side)

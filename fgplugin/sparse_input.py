@@ -21,6 +21,7 @@ choice off (``"0"``) or force the sparse form wherever it applies (``"1"``, for 
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -94,6 +95,24 @@ def keep(graph, x: Tensor, width: int, hops: int) -> SparseInput | None:
     return None
 
 
+@contextlib.contextmanager
+def for_captured_step():
+    """Within: the probe weighs each form by its device time alone, as a step captured as a CUDA
+    graph (fgplugin.graphed_step, whose warm-up fills the input cache) replays its kernels without
+    host work. Outside, an eager step pays the larger of host and device time for each form: the
+    sparse form's four products cost more host time than two GEMMs, which a small graph's eager,
+    host-bound step feels."""
+    global _captured
+    previous, _captured = _captured, True
+    try:
+        yield
+    finally:
+        _captured = previous
+
+
+_captured = False
+
+
 @torch.no_grad()
 def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: int) -> bool:
     """Times one step's products both ways: the dense form's GEMMs ``(A^K x) W`` and
@@ -121,9 +140,10 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
 
 
 def _ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf")) -> float:
-    """Median device ms of ``run`` over a few batches of >= ~0.25 ms; after one timed run when that
-    one took over ``stop_above`` ms. ``warm_up``: run once untimed first (a first sparse product
-    builds the transpose and the kernel plans)."""
+    """What ``run`` costs a step, in ms (median over a few batches of >= ~0.25 ms): its device
+    time in a captured step (:func:`for_captured_step`), else the larger of its device and host
+    time. After one timed run when that one took over ``stop_above`` ms. ``warm_up``: run once
+    untimed first (a first sparse product builds the transpose and the kernel plans)."""
     if warm_up:
         run()
     once = _batch_ms(run, 1, device)
@@ -134,9 +154,9 @@ def _ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf
 
 
 def _batch_ms(run, n: int, device: torch.device) -> float:
-    """ms per run of ``n`` runs: wall time on the CPU; on CUDA the device's time, with the GPU held
-    by a sleep kernel until the host has queued every run, so that launch gaps (host time, which
-    a captured step does not pay and a host-bound eager step pays either way) are not counted."""
+    """ms per run of ``n`` runs. On the CPU: wall time. On CUDA: the device's time, with the GPU
+    held by a sleep kernel until the host has queued every run (so that launch gaps are not
+    counted), or the host's time to queue a run where that is larger and the step is eager."""
     if device.type != "cuda":
         start = time.perf_counter()
         for _ in range(n):
@@ -144,7 +164,7 @@ def _batch_ms(run, n: int, device: torch.device) -> float:
         return (time.perf_counter() - start) * 1e3 / n
     torch.cuda.synchronize(device)
     queued = time.perf_counter()
-    run()  # how long the host takes to queue one run sets the sleep
+    run()
     host_s = time.perf_counter() - queued
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -154,4 +174,5 @@ def _batch_ms(run, n: int, device: torch.device) -> float:
         run()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / n
+    device_ms = start.elapsed_time(end) / n
+    return device_ms if _captured else max(device_ms, host_s * 1e3)

@@ -121,12 +121,16 @@ def test_auto_keeps_what_is_faster(monkeypatch):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_probe_times_both_ways(device):
-    """The probe runs both forms' products (no mock) and answers a bool."""
+    """The probe runs both forms' products (no mock), for an eager and for a captured step, and
+    answers a bool; the captured-step setting is restored after its block."""
     n, features = 150, 300
     x, ei = bag_of_words(n, features, 0.01, 2).to(device), graph(n, 500, 2).to(device)
     aggregation = fp.GCNConv(features, 8)._aggregation(n, ei, None, torch.float32)
-    answer = sparse_input._sparse_is_faster(aggregation, x, SparseInput.of(x), 8, 1)
-    assert isinstance(answer, bool)
+    assert isinstance(sparse_input._sparse_is_faster(aggregation, x, SparseInput.of(x), 8, 1), bool)
+    with sparse_input.for_captured_step():
+        assert sparse_input._captured
+        assert isinstance(sparse_input._sparse_is_faster(aggregation, x, SparseInput.of(x), 8, 1), bool)
+    assert not sparse_input._captured
 
 
 def test_autocast_bf16_against_float64():
