@@ -120,19 +120,20 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
     over the graph, all at ``width`` columns."""
     gen = torch.Generator(device=x.device).manual_seed(0)
     w = torch.randn(x.shape[1], width, device=x.device, generator=gen)
-    g = torch.randn(x.shape[0], width, device=x.device, generator=gen)
+    g_src = torch.randn(x.shape[0], width, device=x.device, generator=gen)  # x's rows: the graph's sources
+    g_dst = torch.randn(graph.shape[0], width, device=x.device, generator=gen)
     adj, scales = graph.adj, graph.norm
 
     def dense():
         torch.mm(x, w)
-        torch.mm(x.t(), g)
+        torch.mm(x.t(), g_src)
 
     def sparse_products():
         h = sparse @ w
         for _ in range(hops):
             h = graph(h)
-            ops.spmm_adjoint(adj, g, *scales)
-        ops.spmm_adjoint(sparse.adj, g)
+            ops.spmm_adjoint(adj, g_dst, *scales)
+        ops.spmm_adjoint(sparse.adj, g_src)
 
     sparse_ms = _ms(sparse_products, x.device, warm_up=True)
     # the GEMMs build nothing on a first call; one of them slower than the whole sparse step settles it

@@ -117,6 +117,26 @@ def test_product_and_gradient_against_float64(device, fresh_seed):
     assert rel_error(out, ref) < TOL
 
 
+@pytest.mark.parametrize("mode", ["1", "auto"])
+def test_bipartite_sage_matches_stock(mode):
+    """A bipartite SAGEConv ((x_src, x_dst), more source than target nodes) keeps its constant
+    source features sparse where that applies, and the probe times products of both shapes."""
+    fgplugin.set_sparse_input(mode)
+    n_src, n_dst, features = 300, 120, 500
+    x_src, x_dst = bag_of_words(n_src, features, 0.005, 6), bag_of_words(n_dst, features, 0.005, 7)
+    g = torch.Generator().manual_seed(6)
+    ei = torch.stack([torch.randint(0, n_src, (900,), generator=g), torch.randint(0, n_dst, (900,), generator=g)])
+    torch.manual_seed(6)
+    stock = pyg_nn.SAGEConv((features, features), 8)
+    ours = fp.SAGEConv((features, features), 8)
+    ours.load_state_dict(stock.state_dict())
+    for _ in range(3):
+        out = ours((x_src, x_dst), ei)
+    assert rel_error(out, stock((x_src, x_dst), ei)) < TOL
+    if mode == "1":
+        assert isinstance(input_cache.of(ours)._value, SparseInput)
+
+
 def test_not_used_where_it_does_not_apply():
     """Off, on dense inputs (auto: without a probe), on float64 or non-finite inputs, and for a
     layer without a weight of its own (LGConv), the dense A^K x is kept as before."""
