@@ -84,6 +84,12 @@ class InputCache:
         """Whether an aggregation is kept."""
         return self._value is not None
 
+    @property
+    def value(self):
+        """What is kept: ``A^K x`` (a tensor), ``x`` as a :class:`fgplugin.sparse_input.SparseInput`,
+        or ``None``."""
+        return self._value
+
     def get(self, x: Tensor, deps: tuple, nbytes: int, aggregate: Callable[[], Tensor]) -> Tensor | None:
         """The aggregation of ``x`` (``aggregate()``, ``nbytes`` in size) when it may be reused,
         else ``None`` and the caller computes as usual.

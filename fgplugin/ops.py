@@ -475,8 +475,9 @@ def padded_width(features: int, dtype: torch.dtype, device: torch.device, nnz: i
     the F=41 SpMMs of a GCN's output layer took about as long as the F=128 ones. Padding costs
     two n x F copies; a layer that computes ``spmm(adj, x @ W)`` avoids them by padding ``W``
     instead (fgplugin.aggregation). A small product gains a few microseconds of kernel time from
-    it, while an eager step pays the padding's ops and autograd function on the host (H100: a
-    GCN layer's forward + backward 767 against 616 us at 7 columns padded to 8 and at 16)."""
+    it, while an eager step pays the padding's ops and autograd function on the host (H100
+    machine: a GCN layer's forward took 197 us at 7 columns padded to 8 against 167 us at 16;
+    unpadded, 125 against 122 us; docs/results.md section 17)."""
     if (device.type if isinstance(device, torch.device) else torch.device(device).type) != "cuda" or dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return features
     if nnz is not None and nnz * features < PAD_MIN_WORK:

@@ -202,7 +202,11 @@ def test_cli_epoch_writes_schema_json(tmp_path):
     # building it as preprocessing, with that of the restricted backward structure where one was
     # built (fgplugin.grad_rows; not on a graph this small); fgplugin-kernels does neither
     pre = {(r["impl"], r["order"]): r for r in res["rows"] if r["op"] == "preprocess"}
+    steps = {(r["impl"], r["order"]): r for r in epoch_rows}
     for order in ("original", "community"):
+        # tiny's features are dense random numbers: the aggregation is kept, not a sparse input
+        assert steps[("fgplugin", order)]["kept_input"] == "dense"
+        assert "kept_input" not in steps[("fgplugin-kernels", order)]
         kept, plain = pre[("fgplugin", order)], pre[("fgplugin-kernels", order)]
         assert kept["input_cache_ms"] >= 0 and "input_cache_ms" not in plain
         assert "grad_rows_ms" not in plain

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 import fgplugin
-from fgplugin import grad_rows, input_cache
+from fgplugin import grad_rows, input_cache, sparse_input
 
 from . import baselines
 from .baselines import FGPLUGIN_PYG, IMPLS, ImplUnavailable
@@ -308,6 +308,7 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
             common["threshold"] = graph.prepare()  # cached: the probe's choice (None off CUDA)
         torch.manual_seed(seed)
         times, peak = time_steps(model, graph, problem, epochs, warmup, precision, graphed=impl == "fgplugin-graphed")
+        kept = kept_input(model)
         rows_s = grad_rows.total_build_s() - built_before  # built in the warm-up steps
         cache_s = input_cache_build_s(model, graph, problem)
     except Exception as err:  # noqa: BLE001 - a failed row keeps its place
@@ -328,11 +329,21 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
         cache["grad_rows_ms"] = 1e3 * rows_s
     return [
         {**common, "op": "epoch", "ms_median": median, "ms_min": min(times), "ms_max": max(times), "reps": len(times),
-         "warmup": warmup, "peak_mem_bytes": peak},
+         "warmup": warmup, "peak_mem_bytes": peak, **({} if kept is None else {"kept_input": kept})},
         {**common, "op": "preprocess", "ms_median": pre_ms, "reorder_ms": 1e3 * problem.reorder_s,
          "setup_ms": 1e3 * setup_s, **cache},
         {**common, "op": "train200", "ms_median": pre_ms + 200 * median, "estimated": True},
     ]
+
+
+def kept_input(model) -> str | None:
+    """How the model's layers keep a constant input (fgplugin.input_cache): ``"dense"`` (its
+    aggregation), ``"sparse"`` (the input itself, fgplugin.sparse_input), both joined by ``+``, or
+    ``None`` where none keeps one."""
+    forms = sorted({"sparse" if isinstance(c.value, sparse_input.SparseInput) else "dense"
+                    for m in model.modules() if "_fgplugin_input_cache" in m.__dict__
+                    for c in [input_cache.of(m)] if c.holds})
+    return "+".join(forms) or None
 
 
 def input_cache_build_s(model, graph, problem: Problem, reps: int = 3) -> float | None:
