@@ -191,6 +191,17 @@ def linear_parts(module, kinds: tuple = (torch.nn.Linear,)) -> tuple[Tensor, Ten
     return module.weight.t(), module.bias
 
 
+def transform(x: Tensor, weight: Tensor, bias: Tensor | None, owner: torch.nn.Module) -> Tensor:
+    """``x @ weight + bias`` for a layer's product of its input that is not aggregated (SAGE's root
+    weight): on the sparse form of ``x`` where ``owner`` keeps one (fgplugin.sparse_input), so
+    that no dense GEMM over a mostly-zero input is left in the layer."""
+    kept = input_cache.of(owner).kept_for(x)
+    if not isinstance(kept, sparse_input.SparseInput):
+        return transform_with_bias(x, weight, bias)
+    out = kept @ weight
+    return out if bias is None else out + _autocast_bias(bias, out)
+
+
 def transform_with_bias(h: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
     """``h @ weight + bias`` (either may be ``None``), as one ``addmm`` where it can be: on
     CUDA >= 12.1 cuBLASLt adds the bias in the GEMM's epilogue, which saves a read and a write of

@@ -56,6 +56,11 @@ class _Key:
             parts.append((True, ref, obj._version if isinstance(obj, Tensor) else None))
         self._parts = tuple(parts)
 
+    def is_of(self, x) -> bool:
+        """Whether the first object keyed (the input) is ``x`` as it is now."""
+        by_ref, held, version = self._parts[0]
+        return by_ref and held() is x and x._version == version
+
     def matches(self, deps: tuple) -> bool:
         if len(deps) != len(self._parts):
             return False
@@ -89,6 +94,11 @@ class InputCache:
         """What is kept: ``A^K x`` (a tensor), ``x`` as a :class:`fgplugin.sparse_input.SparseInput`,
         or ``None``."""
         return self._value
+
+    def kept_for(self, x: Tensor):
+        """What is kept if it was built from ``x`` as it is now (the same tensor, unchanged), else
+        ``None``: a layer's other product with the same input (SAGE's root weight) may use it."""
+        return self._value if self._key is not None and self._key.is_of(x) else None
 
     def get(self, x: Tensor, deps: tuple, nbytes: int, aggregate: Callable[[], Tensor]) -> Tensor | None:
         """The aggregation of ``x`` (``aggregate()``, ``nbytes`` in size) when it may be reused,

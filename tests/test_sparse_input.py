@@ -100,6 +100,44 @@ def test_dgl_graph_conv_matches_stock():
         assert rel_error(p_o, p_s) < TOL
 
 
+@pytest.mark.parametrize("library", ["pyg", "dgl"])
+def test_sage_root_weight_uses_the_sparse_input(library, monkeypatch):
+    """SAGE's root weight multiplies the same constant input: with it kept sparse, both of the
+    layer's products with x run on the SpMM (two SparseInput products per call, no GEMM over x),
+    and the outputs and gradients are the stock layer's."""
+    fgplugin.set_sparse_input("1")
+    n, features = 90, 140
+    x, ei = bag_of_words(n, features, 0.03, 8), graph(n, 450, 8)
+    torch.manual_seed(8)
+    if library == "pyg":
+        stock, ours = pyg_nn.SAGEConv(features, 8), fp.SAGEConv(features, 8)
+        call = lambda layer: layer(x, ei)  # noqa: E731
+    else:
+        from conftest import require_dgl
+
+        dgl = require_dgl()
+        import dgl.nn as dgl_nn
+        import fgplugin.dgl as fd
+
+        g = dgl.graph((ei[0], ei[1]), num_nodes=n)
+        stock, ours = dgl_nn.SAGEConv(features, 8, "mean"), fd.SAGEConv(features, 8, "mean")
+        call = lambda layer: layer(g, x)  # noqa: E731
+    ours.load_state_dict(stock.state_dict())
+    products, matmul = [], SparseInput.__matmul__
+    monkeypatch.setattr(SparseInput, "__matmul__", lambda self, w: products.append(w.shape) or matmul(self, w))
+    for _ in range(2):
+        call(ours)
+    products.clear()
+    out = call(ours)
+    assert len(products) == 2 and isinstance(input_cache.of(ours).value, SparseInput)
+    expected = call(stock)
+    assert rel_error(out, expected) < TOL
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    for (name, p_s), p_o in zip(stock.named_parameters(), ours.parameters()):
+        assert rel_error(p_o.grad, p_s.grad) < TOL, name
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_product_and_gradient_against_float64(device, fresh_seed):
     """``SparseInput @ w`` is x @ w, and its gradient in w is x^T g (float64 reference)."""

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from fgplugin import Normalization, TiledAdjacency
 from fgplugin._csr import aux_dtype_for
-from fgplugin.aggregation import Aggregation, aggregate, is_distributed, linear_parts
+from fgplugin.aggregation import Aggregation, aggregate, is_distributed, linear_parts, transform
 
 from ._import_shim import import_dgl
 
@@ -164,7 +164,8 @@ class SAGEConv(_Named, dgl_conv.SAGEConv):
             h_neigh = self.fc_neigh(aggregate(aggregation, feat_src, owner=self))
         else:
             h_neigh = aggregate(aggregation, feat_src, weight=parts[0], bias=parts[1], owner=self)
-        rst = self.fc_self(feat_dst) + h_neigh
+        root = linear_parts(self.fc_self)
+        rst = (self.fc_self(feat_dst) if root is None else transform(feat_dst, *root, owner=self)) + h_neigh
         if self.activation is not None:
             rst = self.activation(rst)
         if self.norm is not None:

@@ -8,7 +8,7 @@ from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptPairTensor, Size
 
 from fgplugin._csr import aux_dtype_for
-from fgplugin.aggregation import aggregate
+from fgplugin.aggregation import aggregate, transform
 
 from ._aggregation import MEAN
 from ._layer import FgpluginLayer, fits, linear, make_aggregation
@@ -47,7 +47,8 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
         else:
             out = aggregate(aggregation, pair[0], weight=parts[0], bias=parts[1], owner=self, node_dim=self.node_dim)
         if self.root_weight and pair[1] is not None:
-            out = out + self.lin_r(pair[1])
+            root = linear(self.lin_r)
+            out = out + (self.lin_r(pair[1]) if root is None else transform(pair[1], *root, owner=self))
         if self.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
         return out
