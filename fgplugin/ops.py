@@ -465,6 +465,9 @@ def _as_aux(t, name, length, aux, device):
     return t if t.dtype == aux else t.to(aux)
 
 
+PAD_MIN_WORK = 1 << 26  # multiply-adds (nnz x width) below which a CUDA product is not padded
+
+
 def padded_width(features: int, dtype: torch.dtype, device: torch.device, nnz: int | None = None) -> int:
     """The width to which :func:`spmm` pads ``features`` columns of ``dtype`` on ``device``
     (whole 16-byte rows on CUDA; ``features`` itself elsewhere, and for a product of ``nnz``
@@ -484,9 +487,6 @@ def padded_width(features: int, dtype: torch.dtype, device: torch.device, nnz: i
         return features
     per_vector = 16 // dtype.itemsize
     return features + -features % per_vector
-
-
-PAD_MIN_WORK = 1 << 26
 
 
 def _pad(x: torch.Tensor, pad: int) -> torch.Tensor:

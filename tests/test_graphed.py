@@ -115,7 +115,7 @@ def test_a_sparse_input_is_captured(warmup):
         step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index,
                                      warmup=warmup)
         losses = [float(step()) for _ in range(STEPS)]
-        kept = input_cache.of(model.conv1)._value
+        kept = input_cache.of(model.conv1).value
         assert isinstance(step.graph, torch.cuda.CUDAGraph)
         assert isinstance(kept, sparse_input.SparseInput) == (warmup > 1)
         expected = _eager_losses(reference, x, edge_index, y, idx, warmup + STEPS)[warmup:]

@@ -65,7 +65,7 @@ def test_training_matches_stock(model, device, fresh_seed):
             opt.zero_grad()
             ((out - target) ** 2).mean().backward()
             opt.step()
-    assert isinstance(input_cache.of(ours[0])._value, SparseInput)
+    assert isinstance(input_cache.of(ours[0]).value, SparseInput)
     for (name, p_s), p_o in zip(stock.named_parameters(), ours.parameters()):
         assert rel_error(p_o, p_s) < TOL, (name, fresh_seed)
 
@@ -95,7 +95,7 @@ def test_dgl_graph_conv_matches_stock():
             opt.zero_grad()
             out.square().mean().backward()
             opt.step()
-    assert isinstance(input_cache.of(ours[0])._value, SparseInput)
+    assert isinstance(input_cache.of(ours[0]).value, SparseInput)
     for p_s, p_o in zip(stock.parameters(), ours.parameters()):
         assert rel_error(p_o, p_s) < TOL
 
@@ -172,7 +172,7 @@ def test_bipartite_sage_matches_stock(mode):
         out = ours((x_src, x_dst), ei)
     assert rel_error(out, stock((x_src, x_dst), ei)) < TOL
     if mode == "1":
-        assert isinstance(input_cache.of(ours)._value, SparseInput)
+        assert isinstance(input_cache.of(ours).value, SparseInput)
 
 
 def test_not_used_where_it_does_not_apply():
@@ -190,7 +190,7 @@ def test_not_used_where_it_does_not_apply():
         fgplugin.set_sparse_input(mode)
         for _ in range(3):
             layer(x, ei)
-        kept = input_cache.of(layer)._value
+        kept = input_cache.of(layer).value
         assert isinstance(kept, torch.Tensor), (mode, x.dtype, type(layer).__name__)
 
 
@@ -204,7 +204,7 @@ def test_auto_keeps_what_is_faster(monkeypatch):
         layer = fp.GCNConv(features, 16)
         for _ in range(3):
             layer(x, ei)
-        assert isinstance(input_cache.of(layer)._value, SparseInput) == faster
+        assert isinstance(input_cache.of(layer).value, SparseInput) == faster
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -232,7 +232,7 @@ def test_autocast_bf16_against_float64():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         for _ in range(3):
             out = layer(x, ei)
-    assert isinstance(input_cache.of(layer)._value, SparseInput) and out.dtype == torch.bfloat16
+    assert isinstance(input_cache.of(layer).value, SparseInput) and out.dtype == torch.bfloat16
     assert rel_error(out, stock(x.double(), ei)) < 2e-2
 
 
