@@ -88,10 +88,13 @@ def keep(graph, x: Tensor, width: int, hops: int) -> SparseInput | None:
         return None
     try:
         sparse = SparseInput.of(x)
+        if settings.sparse_input == "1" or _sparse_is_faster(graph, x, sparse, width, hops):
+            return sparse
     except ValueError:  # NaN or infinite features: the dense products keep their semantics
         return None
-    if settings.sparse_input == "1" or _sparse_is_faster(graph, x, sparse, width, hops):
-        return sparse
+    except torch.cuda.OutOfMemoryError:  # building or probing the sparse form: the dense one needs no more
+        torch.cuda.empty_cache()
+        return None
     return None
 
 
@@ -169,7 +172,9 @@ def _batch_ms(run, n: int, device: torch.device) -> float:
     host_s = time.perf_counter() - queued
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int(min(2.0 * n * host_s, 0.5) * SLEEP_CYCLES_PER_S))
+    sleep = getattr(torch.cuda, "_sleep", None)  # private to torch: without it, launch gaps count too
+    if sleep is not None:
+        sleep(int(min(2.0 * n * host_s, 0.5) * SLEEP_CYCLES_PER_S))
     start.record()
     for _ in range(n):
         run()

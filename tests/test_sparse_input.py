@@ -194,6 +194,22 @@ def test_not_used_where_it_does_not_apply():
         assert isinstance(kept, torch.Tensor), (mode, x.dtype, type(layer).__name__)
 
 
+def test_out_of_memory_while_building_keeps_the_dense_form(monkeypatch):
+    """Running out of device memory while building or probing the sparse form keeps the dense
+    form (which needs no more memory) instead of failing the user's forward pass."""
+    def no_memory(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(sparse_input, "_sparse_is_faster", no_memory)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    n, features = 200, 400
+    x, ei = bag_of_words(n, features, 0.01, 1), graph(n, 600, 1)
+    layer = fp.GCNConv(features, 16)
+    for _ in range(3):
+        out = layer(x, ei)
+    assert isinstance(input_cache.of(layer).value, torch.Tensor) and out.shape == (n, 16)
+
+
 def test_auto_keeps_what_is_faster(monkeypatch):
     """On "auto" the timed probe decides; a very sparse wide input is kept sparse when it wins and
     dense when it loses."""
