@@ -156,10 +156,13 @@ def _aggregate_transformed(graph, x: Tensor, weight: Tensor, bias: Tensor | None
     out = weight.shape[1]
     width = graph.vector_width(out, _product_dtype(x, weight))
     if width == out:
-        y = _propagate(graph, x @ weight, hops, node_dim)
-        return y if bias is None else y + _autocast_bias(bias, y)
+        return _plus_bias(_propagate(graph, x @ weight, hops, node_dim), bias)
     padded = _propagate(graph, x @ torch.nn.functional.pad(weight, (0, width - out)), hops, node_dim)
     return _CutColumns.apply(padded, out, None if bias is None else _autocast_bias(bias, padded))
+
+
+def _plus_bias(out: Tensor, bias: Tensor | None) -> Tensor:
+    return out if bias is None else out + _autocast_bias(bias, out)
 
 
 def _autocast_bias(bias: Tensor, out: Tensor) -> Tensor:
@@ -198,8 +201,7 @@ def transform(x: Tensor, weight: Tensor, bias: Tensor | None, owner: torch.nn.Mo
     kept = input_cache.of(owner).kept_for(x)
     if not isinstance(kept, sparse_input.SparseInput):
         return transform_with_bias(x, weight, bias)
-    out = kept @ weight
-    return out if bias is None else out + _autocast_bias(bias, out)
+    return _plus_bias(kept @ weight, bias)
 
 
 def transform_with_bias(h: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:

@@ -50,14 +50,25 @@ def _flag(name: str, default: bool) -> bool:
     return default if value is None or value == "" else value != "0"
 
 
-def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = os.environ.get(name) or default
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-    return value
-
-
 SPARSE_INPUT_MODES = ("auto", "0", "1")
+_SPELLINGS = {"true": "1", "on": "1", "yes": "1", "false": "0", "off": "0", "no": "0"}
+
+
+def sparse_input_mode(value) -> str | None:
+    """``"auto"``, ``"0"`` or ``"1"`` for a sparse-input setting given as one of them, a bool or a
+    common spelling of one (true/false, on/off, yes/no); ``None`` for anything else."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    mode = _SPELLINGS.get(str(value).strip().lower(), str(value).strip().lower())
+    return mode if mode in SPARSE_INPUT_MODES else None
+
+
+def _sparse_input_from_env() -> str:
+    value = os.environ.get("FGPLUGIN_SPARSE_INPUT") or "auto"
+    mode = sparse_input_mode(value)
+    if mode is None:
+        raise ValueError(f"FGPLUGIN_SPARSE_INPUT must be auto, 0 or 1, got {value!r}; unset it for auto")
+    return mode
 
 
 @dataclass
@@ -66,7 +77,7 @@ class Settings:
 
     input_cache: bool = _flag("FGPLUGIN_INPUT_CACHE", True)
     skip_zero_rows: bool = _flag("FGPLUGIN_SKIP_ZERO_ROWS", True)
-    sparse_input: str = _choice("FGPLUGIN_SPARSE_INPUT", "auto", SPARSE_INPUT_MODES)
+    sparse_input: str = _sparse_input_from_env()
     block_adaptive: bool = _flag("FGPLUGIN_BLOCK_ADAPTIVE", True)
     wgmma: bool = not _flag("FGPLUGIN_NO_WGMMA", False)
     build_extension: bool = not _flag("FGPLUGIN_NO_EXTENSION", False)
@@ -90,10 +101,10 @@ def set_sparse_input(mode) -> str:
     (fgplugin.sparse_input): ``"auto"`` (where a timed probe finds it faster), ``"0"`` / ``False``
     (never) or ``"1"`` / ``True`` (wherever it applies); returns the previous mode. Inputs the
     layers already keep stay as they are until their cache is refilled."""
-    mode = {False: "0", True: "1"}.get(mode, mode) if isinstance(mode, bool) else str(mode)
-    if mode not in SPARSE_INPUT_MODES:
+    checked = sparse_input_mode(mode)
+    if checked is None:
         raise ValueError(f"set_sparse_input takes 'auto', '0' / False or '1' / True, got {mode!r}")
-    previous, settings.sparse_input = settings.sparse_input, mode
+    previous, settings.sparse_input = settings.sparse_input, checked
     return previous
 
 

@@ -96,9 +96,13 @@ class InputCache:
         return self._value
 
     def kept_for(self, x: Tensor):
-        """What is kept if it was built from ``x`` as it is now (the same tensor, unchanged), else
-        ``None``: a layer's other product with the same input (SAGE's root weight) may use it."""
-        return self._value if self._key is not None and self._key.is_of(x) else None
+        """What is kept if it was built from ``x`` as it is now (the same tensor, unchanged) and
+        may be reused in this call (as for :meth:`get`: not under torch.compile, which would bake
+        in the version check's answer, nor for an ``x`` that needs a gradient), else ``None``: a
+        layer's other product with the same input (SAGE's root weight) may use it."""
+        if self._key is None or not _reusable(x, ()):
+            return None
+        return self._value if self._key.is_of(x) else None
 
     def get(self, x: Tensor, deps: tuple, nbytes: int, aggregate: Callable[[], Tensor]) -> Tensor | None:
         """The aggregation of ``x`` (``aggregate()``, ``nbytes`` in size) when it may be reused,

@@ -10,18 +10,21 @@ facebook_pagepage and cornell5; docs/results.md).
 When the input cache (fgplugin.input_cache) keeps a layer's constant input anyway, it may keep
 ``x`` as a CSR (a :class:`SparseInput`) instead of the dense ``A^K x``; the layer then computes
 ``A^K (x W)``, with ``x W`` on fgplugin's SpMM (``x``'s CSR times ``W``; its backward the
-transposed product for ``W``'s gradient), ``A^K`` on the layer's graph. Per step that is four
-sparse products over ``nnz(x) + K nnz(A)`` entries instead of two GEMMs over ``n F``.
+transposed product for ``W``'s gradient), ``A^K`` on the layer's graph. Per step that is 2 + 2K
+sparse products over ``nnz(x) + K nnz(A)`` entries instead of two GEMMs over ``A^K x``'s entries.
+A layer's other product with the same input (SAGE's root weight, ``aggregation.transform``) runs
+on the sparse form too; the probe does not time it, so it underrates the sparse form there.
 
 Which is faster depends on the densities, the widths and the device, so the choice is timed,
 once, when the cache is filled: both ways' forward and backward products on the actual shapes
-(:func:`keep`). Only float32 inputs are candidates (float64 values would be cast to the
-adjacency's float32). ``FGPLUGIN_SPARSE_INPUT`` / :func:`fgplugin.set_sparse_input` turn the
+(:func:`keep`). Only float32 inputs are candidates: float64 runs are reference runs, and 16-bit
+inputs would be widened to float32 values. ``FGPLUGIN_SPARSE_INPUT`` / :func:`fgplugin.set_sparse_input` turn the
 choice off (``"0"``) or force the sparse form wherever it applies (``"1"``, for tests).
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import statistics
 import time
 
@@ -82,19 +85,18 @@ def keep(graph, x: Tensor, width: int, hops: int) -> SparseInput | None:
         return None
     if x.is_cuda and torch.cuda.is_current_stream_capturing():  # counting and timing need host syncs
         return None
-    n, features = x.shape
     work = int(torch.count_nonzero(x)) + hops * graph.adj.nnz
-    if settings.sparse_input != "1" and work > MAX_SPARSE_SHARE * n * features:
+    if settings.sparse_input != "1" and work > MAX_SPARSE_SHARE * graph.shape[0] * x.shape[1]:  # A^K x's size
         return None
     try:
-        sparse = SparseInput.of(x)
+        try:
+            sparse = SparseInput.of(x)
+        except ValueError:  # NaN or infinite features: the dense products keep their semantics
+            return None
         if settings.sparse_input == "1" or _sparse_is_faster(graph, x, sparse, width, hops):
             return sparse
-    except ValueError:  # NaN or infinite features: the dense products keep their semantics
-        return None
     except torch.cuda.OutOfMemoryError:  # building or probing the sparse form: the dense one needs no more
         torch.cuda.empty_cache()
-        return None
     return None
 
 
@@ -103,33 +105,35 @@ def for_captured_step():
     """Within: the probe weighs each form by its device time alone, as a step captured as a CUDA
     graph (fgplugin.graphed_step, whose warm-up fills the input cache) replays its kernels without
     host work. Outside, an eager step pays the larger of host and device time for each form: the
-    sparse form's four products cost more host time than two GEMMs, which a small graph's eager,
+    sparse form's products cost more host time than two GEMMs, which a small graph's eager,
     host-bound step feels."""
-    global _captured
-    previous, _captured = _captured, True
+    token = _captured.set(True)
     try:
         yield
     finally:
-        _captured = previous
+        _captured.reset(token)
 
 
-_captured = False
+# per thread (and task): one thread warming up a captured step leaves another's eager probe alone
+_captured = contextvars.ContextVar("fgplugin_sparse_input_captured", default=False)
 
 
 @torch.no_grad()
 def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: int) -> bool:
     """Times one step's products both ways: the dense form's GEMMs ``(A^K x) W`` and
-    ``(A^K x)^T G``, against ``x W``, ``x^T G`` and the ``hops`` forward and adjoint products
+    ``(A^K x)^T G``, against ``x W``, ``x^T G'`` and the ``hops`` forward and adjoint products
     over the graph, all at ``width`` columns."""
     gen = torch.Generator(device=x.device).manual_seed(0)
     w = torch.randn(x.shape[1], width, device=x.device, generator=gen)
     g_src = torch.randn(x.shape[0], width, device=x.device, generator=gen)  # x's rows: the graph's sources
     g_dst = torch.randn(graph.shape[0], width, device=x.device, generator=gen)
+    # the dense form multiplies A^K x, one row per target node (its values do not change a GEMM's time)
+    aggregated = x if graph.shape[0] == x.shape[0] else x.new_zeros(graph.shape[0], x.shape[1])
     adj, scales = graph.adj, graph.norm
 
     def dense():
-        torch.mm(x, w)
-        torch.mm(x.t(), g_src)
+        torch.mm(aggregated, w)
+        torch.mm(aggregated.t(), g_dst)
 
     def sparse_products():
         h = sparse @ w
@@ -146,8 +150,9 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
 def _ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf")) -> float:
     """What ``run`` costs a step, in ms (median over a few batches of >= ~0.25 ms): its device
     time in a captured step (:func:`for_captured_step`), else the larger of its device and host
-    time. After one timed run when that one took over ``stop_above`` ms. ``warm_up``: run once
-    untimed first (a first sparse product builds the transpose and the kernel plans)."""
+    time. If a first timed run already takes over ``stop_above`` ms, that run's time, without more
+    samples. ``warm_up``: run once untimed first (a first sparse product builds the transpose and
+    the kernel plans)."""
     if warm_up:
         run()
     once = _batch_ms(run, 1, device)
@@ -181,4 +186,4 @@ def _batch_ms(run, n: int, device: torch.device) -> float:
     end.record()
     end.synchronize()
     device_ms = start.elapsed_time(end) / n
-    return device_ms if _captured else max(device_ms, host_s * 1e3)
+    return device_ms if _captured.get() else max(device_ms, host_s * 1e3)

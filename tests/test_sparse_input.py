@@ -1,5 +1,10 @@
 """fgplugin.sparse_input: a layer's constant, mostly-zero input kept as a sparse matrix gives the
 stock layers' outputs and training, and is used only where it applies (and, on "auto", pays)."""
+import os
+import subprocess
+import sys
+import threading
+
 import pytest
 import torch
 
@@ -138,6 +143,47 @@ def test_sage_root_weight_uses_the_sparse_input(library, monkeypatch):
         assert rel_error(p_o.grad, p_s.grad) < TOL, name
 
 
+def test_compiled_sage_does_not_reuse_a_stale_sparse_form():
+    """Under torch.compile the layers keep nothing (fgplugin.input_cache); SAGE's root weight must
+    not read what eager calls kept either: after an in-place write to x, and once x needs a
+    gradient, the compiled layer still gives the stock layer's output and x's gradient."""
+    fgplugin.set_sparse_input("1")
+    n, features = 80, 120
+    x, ei = bag_of_words(n, features, 0.03, 9), graph(n, 400, 9)
+    torch.manual_seed(9)
+    stock, ours = pyg_nn.SAGEConv(features, 8), fp.SAGEConv(features, 8)
+    ours.load_state_dict(stock.state_dict())
+    for _ in range(3):
+        ours(x, ei)
+    assert isinstance(input_cache.of(ours).value, SparseInput)
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend="aot_eager")
+    assert rel_error(compiled(x, ei), stock(x, ei)) < TOL
+    with torch.no_grad():
+        x.mul_(2.0)
+        x[0, 0] = 5.0
+    assert rel_error(compiled(x, ei), stock(x, ei)) < TOL
+    x_ours, x_stock = x.clone().requires_grad_(), x.clone().requires_grad_()
+    compiled(x_ours, ei).square().sum().backward()
+    stock(x_stock, ei).square().sum().backward()
+    assert rel_error(x_ours.grad, x_stock.grad) < TOL
+    torch._dynamo.reset()
+
+
+def test_probe_times_the_dense_form_on_the_aggregated_shape(monkeypatch):
+    """The dense form multiplies A^K x, one row per target node: on a bipartite graph with far more
+    sources than targets the probe's GEMMs have the targets' row count, not x's."""
+    n_src, n_dst, features = 400, 40, 300
+    x = bag_of_words(n_src, features, 0.01, 10)
+    g = torch.Generator().manual_seed(10)
+    ei = torch.stack([torch.randint(0, n_src, (800,), generator=g), torch.randint(0, n_dst, (800,), generator=g)])
+    aggregation = fp.SAGEConv((features, features), 8)._aggregation((x, None), ei, (n_src, n_dst))
+    rows, mm = [], torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: rows.append(a.shape[0]) or mm(a, b))
+    sparse_input._sparse_is_faster(aggregation, x, SparseInput.of(x), 8, 1)
+    assert rows and set(rows) == {n_dst, features}  # (A x) W and (A x)^T G
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_product_and_gradient_against_float64(device, fresh_seed):
     """``SparseInput @ w`` is x @ w, and its gradient in w is x^T g (float64 reference)."""
@@ -226,15 +272,20 @@ def test_auto_keeps_what_is_faster(monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 def test_probe_times_both_ways(device):
     """The probe runs both forms' products (no mock), for an eager and for a captured step, and
-    answers a bool; the captured-step setting is restored after its block."""
+    answers a bool; the captured-step setting holds in its block's thread only and is restored
+    after it."""
     n, features = 150, 300
     x, ei = bag_of_words(n, features, 0.01, 2).to(device), graph(n, 500, 2).to(device)
     aggregation = fp.GCNConv(features, 8)._aggregation(n, ei, None, torch.float32)
     assert isinstance(sparse_input._sparse_is_faster(aggregation, x, SparseInput.of(x), 8, 1), bool)
+    seen_elsewhere = []
     with sparse_input.for_captured_step():
-        assert sparse_input._captured
+        assert sparse_input._captured.get()
         assert isinstance(sparse_input._sparse_is_faster(aggregation, x, SparseInput.of(x), 8, 1), bool)
-    assert not sparse_input._captured
+        other = threading.Thread(target=lambda: seen_elsewhere.append(sparse_input._captured.get()))
+        other.start()
+        other.join()
+    assert not sparse_input._captured.get() and seen_elsewhere == [False]  # per thread
 
 
 def test_autocast_bf16_against_float64():
@@ -256,5 +307,19 @@ def test_set_sparse_input_checks_its_argument():
     assert fgplugin.set_sparse_input(True) == "auto"
     assert fgplugin.set_sparse_input(False) == "1"
     assert fgplugin.set_sparse_input("auto") == "0"
+    assert fgplugin.set_sparse_input("off") == "auto" and fgplugin.set_sparse_input("On") == "0"
     with pytest.raises(ValueError, match="set_sparse_input takes"):
         fgplugin.set_sparse_input("sometimes")
+
+
+def test_environment_variable_is_read_and_checked():
+    """FGPLUGIN_SPARSE_INPUT takes auto / 0 / 1 and their common spellings; anything else is an
+    error at import that says what to set."""
+    read = "import fgplugin; print(fgplugin.config.settings.sparse_input)"
+    for value, mode in (("0", "0"), ("true", "1"), ("", "auto")):
+        env = {**os.environ, "FGPLUGIN_SPARSE_INPUT": value}
+        out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0 and out.stdout.strip() == mode, out.stderr[-2000:]
+    env = {**os.environ, "FGPLUGIN_SPARSE_INPUT": "sometimes"}
+    out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode != 0 and "FGPLUGIN_SPARSE_INPUT must be auto, 0 or 1" in out.stderr
