@@ -57,8 +57,8 @@ def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, c
         # the wrong threshold on `small` (1.55x the best fixed one). Batches of >= 1 ms and 7
         # samples cost >= 7 ms per distinct plan, on real graphs whose whole preprocessing took
         # 11-84 ms (H100, h100/epoch_real_graphed.json).
-        batch = max(1, min(64, round(0.25 / max(_time_runs(run, 1), 1e-3))))
-        samples = [_time_runs(run, batch) for _ in range(reps)]
+        batch = batch_for(time_runs(run, 1))
+        samples = [time_runs(run, batch) for _ in range(reps)]
         for member in group:
             times[member] = sorted(samples)[len(samples) // 2]
         del plan
@@ -80,7 +80,12 @@ def plan_groups(tile_counts: torch.Tensor, nnz: int, candidates=CANDIDATES, tile
     return list(groups.values())
 
 
-def _time_runs(run, n: int) -> float:
+def batch_for(once_ms: float) -> int:
+    """How many back-to-back runs of ``once_ms`` each make a sample of >= ~0.25 ms (at most 64)."""
+    return max(1, min(64, round(0.25 / max(once_ms, 1e-3))))
+
+
+def time_runs(run, n: int) -> float:
     """Mean ms of ``n`` back-to-back calls of ``run``, by CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -481,7 +481,8 @@ def padded_width(features: int, dtype: torch.dtype, device: torch.device, nnz: i
     it, while an eager step pays the padding's ops and autograd function on the host (H100
     machine: a GCN layer's forward took 197 us at 7 columns padded to 8 against 167 us at 16;
     unpadded, 125 against 122 us; docs/results.md section 17)."""
-    if (device.type if isinstance(device, torch.device) else torch.device(device).type) != "cuda" or dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
+    if device_type != "cuda" or dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return features
     if nnz is not None and nnz * features < PAD_MIN_WORK:
         return features

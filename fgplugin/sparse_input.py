@@ -31,7 +31,7 @@ import time
 import torch
 from torch import Tensor
 
-from . import ops
+from . import autotune, ops
 from ._csr import rowptr_from_sorted_rows
 from .config import settings
 from .tiling import TiledAdjacency
@@ -158,7 +158,7 @@ def _ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf
     once = _batch_ms(run, 1, device)
     if once > stop_above:
         return once
-    batch = max(1, min(64, round(0.25 / max(once, 1e-3))))
+    batch = autotune.batch_for(once)
     return statistics.median(_batch_ms(run, batch, device) for _ in range(PROBE_SAMPLES))
 
 
@@ -176,14 +176,8 @@ def _batch_ms(run, n: int, device: torch.device) -> float:
     run()
     host_s = time.perf_counter() - queued
     torch.cuda.synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sleep = getattr(torch.cuda, "_sleep", None)  # private to torch: without it, launch gaps count too
     if sleep is not None:
         sleep(int(min(2.0 * n * host_s, 0.5) * SLEEP_CYCLES_PER_S))
-    start.record()
-    for _ in range(n):
-        run()
-    end.record()
-    end.synchronize()
-    device_ms = start.elapsed_time(end) / n
+    device_ms = autotune.time_runs(run, n)
     return device_ms if _captured.get() else max(device_ms, host_s * 1e3)

@@ -341,17 +341,21 @@ def kept_input(model) -> str | None:
     aggregation), ``"sparse"`` (the input itself, fgplugin.sparse_input), both joined by ``+``, or
     ``None`` where none keeps one."""
     forms = sorted({"sparse" if isinstance(c.value, sparse_input.SparseInput) else "dense"
-                    for m in model.modules() if "_fgplugin_input_cache" in m.__dict__
-                    for c in [input_cache.of(m)] if c.holds})
+                    for c in _held_caches(model)})
     return "+".join(forms) or None
+
+
+def _held_caches(model) -> list:
+    """The input caches of the model's layers that hold something."""
+    caches = [input_cache.of(m) for m in model.modules() if "_fgplugin_input_cache" in m.__dict__]
+    return [c for c in caches if c.holds]
 
 
 def input_cache_build_s(model, graph, problem: Problem, reps: int = 3) -> float | None:
     """The one-time cost of the model's kept input aggregations (fgplugin.input_cache), or
     ``None`` where no layer keeps one: a forward pass that builds them (the cache cleared and
     the input seen once) less one that reuses them; the smallest of ``reps`` such differences."""
-    caches = [input_cache.of(m) for m in model.modules() if "_fgplugin_input_cache" in m.__dict__]
-    caches = [c for c in caches if c.holds]
+    caches = _held_caches(model)
     if not caches:
         return None
     sync = _sync(problem.x.device)
