@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import fgplugin
-from fgplugin import input_cache, sparse_input
+from fgplugin import graphed, input_cache, sparse_input
 from fgplugin.graphed import GraphedStepWarning
 from fgplugin.testing import clustered_case
 
@@ -95,6 +95,41 @@ def test_a_captured_step_replays_the_eager_steps():
     assert losses == pytest.approx(expected, rel=1e-5)
     for got, want in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@CUDA
+def test_a_default_adam_runs_its_fused_kernel_and_an_explicit_choice_is_kept():
+    """Adam left at torch's default implementation replays with its fused kernel (the same update
+    as eager default Adam); one given ``foreach=True`` keeps it."""
+    x, edge_index, y, train = _problem("cuda")
+    idx = train.nonzero().squeeze(1)
+    torch.manual_seed(0)
+    model = _GCN().cuda()
+    reference = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index,
+                                 warmup=WARMUP)
+    losses = [float(step()) for _ in range(STEPS)]
+    assert all(group["fused"] is True for group in opt.param_groups)
+    expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]
+    assert losses == pytest.approx(expected, rel=1e-5)
+    for got, want in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+    other = _GCN().cuda()
+    kept = torch.optim.Adam(other.parameters(), lr=0.01, foreach=True)
+    fgplugin.graphed_step(other, kept, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index)
+    assert [group["fused"] for group in kept.param_groups] == [None]
+
+
+def test_the_fused_switch_leaves_cpu_parameters_and_other_optimizers_alone():
+    model = _GCN()
+    adam = torch.optim.Adam(model.parameters())
+    rmsprop = torch.optim.RMSprop(model.parameters())
+    graphed._use_fused_kernel(adam)
+    graphed._use_fused_kernel(rmsprop)
+    assert adam.param_groups[0]["fused"] is None  # CPU parameters: no fused CUDA kernel for them
+    assert rmsprop.param_groups[0].get("fused") is None
 
 
 @CUDA
