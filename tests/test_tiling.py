@@ -258,6 +258,34 @@ def test_raw_op_rejects_mismatched_arguments():
                                 None, None, None, None, [])
 
 
+def test_threshold_probe_walks_towards_denser_plans_until_one_is_slower():
+    """The probe times the no-dense plan first, then ever denser ones, and stops at the first plan
+    more than STOP_MARGIN slower than the best so far: the plans after it are neither built nor
+    timed."""
+    from fgplugin.autotune import STOP_MARGIN, search_groups
+
+    groups = [[0.02], [0.03, 0.05], [0.075], [0.10], [0.15, 1.0]]  # plan_groups' order: densest first
+    timed = []
+
+    def time_group(ms_of):
+        def run(group):
+            timed.append(max(group))
+            return ms_of[max(group)]
+        return run
+
+    # a large community graph: denser plans get faster down to 0.05, then slower
+    falling = {1.0: 6.5, 0.10: 5.2, 0.075: 4.9, 0.05: 5.0, 0.02: 5.6}
+    times = search_groups(groups, time_group(falling))
+    assert timed == [1.0, 0.10, 0.075, 0.05, 0.02]  # 0.05 is within the margin of 0.075: the walk goes on
+    assert min(times, key=times.get) == 0.075 and times[0.03] == times[0.05] == 5.0
+    # a small graph: the first dense plan is slower (a launch more), nothing denser is built
+    timed.clear()
+    rising = {1.0: 0.040, 0.10: 0.040 * (1 + 2 * STOP_MARGIN), 0.075: 0.01, 0.05: 0.01, 0.02: 0.01}
+    times = search_groups(groups, time_group(rising))
+    assert timed == [1.0, 0.10] and set(times) == {0.15, 1.0, 0.10}
+    assert min(times, key=lambda thr: (times[thr], -thr)) == 1.0  # choose_threshold's rule
+
+
 def test_threshold_probe_groups_candidates_by_plan():
     """The probe times one plan per group of candidate thresholds: those that make the same tiles
     dense, and with the no-dense-tile plan (1.0) every threshold whose dense tiles would hold under
