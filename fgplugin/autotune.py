@@ -11,6 +11,11 @@ keeps the choice and the winning plan on the adjacency. Off CUDA it returns the 
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import statistics
+import time
+
 import torch
 
 from .kernel_plan import build_kernel_plan
@@ -21,6 +26,8 @@ from ._csr import rows_of_edges
 # threshold on products-like at fp32 (H100: 9.79 ms against 10.1 ms at 0.15).
 CANDIDATES = (0.02, 0.03, 0.05, 0.075, 0.10, 0.15, 1.0)
 MIN_DENSE_SHARE = 0.05
+COST_SAMPLES = 3  # batches timed by cost_ms
+SLEEP_CYCLES_PER_S = 2e9  # above any GPU's clock: the sleep lasts at least as long as asked
 STOP_MARGIN = 0.03  # a plan this much slower than the best ends the probe's walk (search_groups)
 
 
@@ -127,3 +134,56 @@ def choose_threshold(adj, dtype: torch.dtype = torch.float32, *, candidates=CAND
     times = probe_thresholds(adj, F=F, dtype=probe_dtype, candidates=candidates)
     best = min(times, key=lambda thr: (times[thr], -thr))  # of thresholds with one plan, the largest
     return {"threshold": best, "times_ms": times}
+
+
+# ---------------------------------------------------------------------- what a run costs a step
+@contextlib.contextmanager
+def for_captured_step():
+    """Within: :func:`cost_ms` weighs a run by its device time alone, as a step captured as a CUDA
+    graph (fgplugin.graphed_step, whose warm-up runs the probes) replays its kernels without host
+    work. Outside, an eager step pays the larger of host and device time for each run: on a small
+    graph's host-bound eager step a run of more, shorter kernels costs more than its device time."""
+    token = _captured.set(True)
+    try:
+        yield
+    finally:
+        _captured.reset(token)
+
+
+# per thread (and task): one thread warming up a captured step leaves another's eager probe alone
+_captured = contextvars.ContextVar("fgplugin_captured_step", default=False)
+
+
+def cost_ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf")) -> float:
+    """What ``run`` costs a step, in ms (median over a few batches of >= ~0.25 ms): its device
+    time in a captured step (:func:`for_captured_step`), else the larger of its device and host
+    time. If a first timed run already takes over ``stop_above`` ms, that run's time, without more
+    samples. ``warm_up``: run once untimed first (a first run may build what later ones reuse)."""
+    if warm_up:
+        run()
+    once = _batch_cost_ms(run, 1, device)
+    if once > stop_above:
+        return once
+    batch = batch_for(once)
+    return statistics.median(_batch_cost_ms(run, batch, device) for _ in range(COST_SAMPLES))
+
+
+def _batch_cost_ms(run, n: int, device: torch.device) -> float:
+    """ms per run of ``n`` runs. On the CPU: wall time. On CUDA: the device's time, with the GPU
+    held by a sleep kernel until the host has queued every run (so that launch gaps are not
+    counted), or the host's time to queue a run where that is larger and the step is eager."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for _ in range(n):
+            run()
+        return (time.perf_counter() - start) * 1e3 / n
+    torch.cuda.synchronize(device)
+    queued = time.perf_counter()
+    run()
+    host_s = time.perf_counter() - queued
+    torch.cuda.synchronize(device)
+    sleep = getattr(torch.cuda, "_sleep", None)  # private to torch: without it, launch gaps count too
+    if sleep is not None:
+        sleep(int(min(2.0 * n * host_s, 0.5) * SLEEP_CYCLES_PER_S))
+    device_ms = time_runs(run, n)
+    return device_ms if _captured.get() else max(device_ms, host_s * 1e3)

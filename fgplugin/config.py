@@ -36,6 +36,9 @@ VARIABLES = (
     Variable("FGPLUGIN_SPARSE_INPUT", "auto",
              "`0`: a layer's constant input is never kept as a sparse matrix; `1`: always where it applies; "
              "`auto`: where a timed probe finds it faster (`fgplugin.set_sparse_input`)"),
+    Variable("FGPLUGIN_CUSPARSE", "auto",
+             "`0`: products always run on fgplugin's kernels; `1`: on `torch.sparse.mm` wherever that applies; "
+             "`auto`: at the widths where a timed probe finds cuSPARSE faster (`fgplugin.set_cusparse`)"),
     Variable("FGPLUGIN_SKIP_ZERO_ROWS", "1",
              "`0`: backward products never skip the zero rows of their output gradient "
              "(`fgplugin.set_row_skipping`)"),
@@ -50,24 +53,24 @@ def _flag(name: str, default: bool) -> bool:
     return default if value is None or value == "" else value != "0"
 
 
-SPARSE_INPUT_MODES = ("auto", "0", "1")
+MODES = ("auto", "0", "1")
 _SPELLINGS = {"true": "1", "on": "1", "yes": "1", "false": "0", "off": "0", "no": "0"}
 
 
-def sparse_input_mode(value) -> str | None:
-    """``"auto"``, ``"0"`` or ``"1"`` for a sparse-input setting given as one of them, a bool or a
+def mode_of(value) -> str | None:
+    """``"auto"``, ``"0"`` or ``"1"`` for a three-way setting given as one of them, a bool or a
     common spelling of one (true/false, on/off, yes/no); ``None`` for anything else."""
     if isinstance(value, bool):
         return "1" if value else "0"
     mode = _SPELLINGS.get(str(value).strip().lower(), str(value).strip().lower())
-    return mode if mode in SPARSE_INPUT_MODES else None
+    return mode if mode in MODES else None
 
 
-def _sparse_input_from_env() -> str:
-    value = os.environ.get("FGPLUGIN_SPARSE_INPUT") or "auto"
-    mode = sparse_input_mode(value)
+def _mode_from_env(name: str) -> str:
+    value = os.environ.get(name) or "auto"
+    mode = mode_of(value)
     if mode is None:
-        raise ValueError(f"FGPLUGIN_SPARSE_INPUT must be auto, 0 or 1, got {value!r}; unset it for auto")
+        raise ValueError(f"{name} must be auto, 0 or 1, got {value!r}; unset it for auto")
     return mode
 
 
@@ -77,7 +80,8 @@ class Settings:
 
     input_cache: bool = _flag("FGPLUGIN_INPUT_CACHE", True)
     skip_zero_rows: bool = _flag("FGPLUGIN_SKIP_ZERO_ROWS", True)
-    sparse_input: str = _sparse_input_from_env()
+    sparse_input: str = _mode_from_env("FGPLUGIN_SPARSE_INPUT")
+    cusparse: str = _mode_from_env("FGPLUGIN_CUSPARSE")
     block_adaptive: bool = _flag("FGPLUGIN_BLOCK_ADAPTIVE", True)
     wgmma: bool = not _flag("FGPLUGIN_NO_WGMMA", False)
     build_extension: bool = not _flag("FGPLUGIN_NO_EXTENSION", False)
@@ -101,10 +105,22 @@ def set_sparse_input(mode) -> str:
     (fgplugin.sparse_input): ``"auto"`` (where a timed probe finds it faster), ``"0"`` / ``False``
     (never) or ``"1"`` / ``True`` (wherever it applies); returns the previous mode. Inputs the
     layers already keep stay as they are until their cache is refilled."""
-    checked = sparse_input_mode(mode)
+    checked = mode_of(mode)
     if checked is None:
         raise ValueError(f"set_sparse_input takes 'auto', '0' / False or '1' / True, got {mode!r}")
     previous, settings.sparse_input = settings.sparse_input, checked
+    return previous
+
+
+def set_cusparse(mode) -> str:
+    """Whether a product may run on ``torch.sparse.mm`` (cuSPARSE) instead of fgplugin's kernel
+    (fgplugin.cusparse): ``"auto"`` (for the widths where a timed probe finds it faster),
+    ``"0"`` / ``False`` (never) or ``"1"`` / ``True`` (wherever it applies, on the CPU too: for
+    tests); returns the previous mode. Choices made before stay with their adjacency."""
+    checked = mode_of(mode)
+    if checked is None:
+        raise ValueError(f"set_cusparse takes 'auto', '0' / False or '1' / True, got {mode!r}")
+    previous, settings.cusparse = settings.cusparse, checked
     return previous
 
 

@@ -41,7 +41,7 @@ from typing import Callable
 
 import torch
 
-from . import sparse_input
+from . import autotune
 from .config import set_row_skipping
 
 
@@ -84,7 +84,7 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
     try:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side), sparse_input.for_captured_step():
+        with torch.cuda.stream(side), autotune.for_captured_step():
             for _ in range(warmup):
                 eager()
         torch.cuda.current_stream(device).wait_stream(side)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import grad_rows
+from . import cusparse, grad_rows
 from ._csr import aux_dtype_for, rows_of_edges
 from .config import settings
 from .reference import (dense_tile_arch_reference, dropout_reference, nonzero_rows_reference, pad_columns_reference,
@@ -179,7 +179,7 @@ def run_spmm(args: OpArgs, needs_grad: bool | None = None) -> torch.Tensor:
     small graph (2-core CPU, torch 2.13). Under torch.compile, functorch transforms, tensor
     subclasses and torch function or dispatch modes the op goes through the dispatcher."""
     x = args.x
-    if not _plain_eager(x):
+    if not plain_eager(x):
         return torch.ops.fgplugin.spmm.default(*args)
     if torch.is_autocast_enabled(x.device.type):
         args = args._replace(x=_in_autocast_dtype(x))
@@ -190,7 +190,7 @@ def run_spmm(args: OpArgs, needs_grad: bool | None = None) -> torch.Tensor:
     return _below_autograd(torch.ops.fgplugin.spmm.default, None, args)
 
 
-def _plain_eager(x: torch.Tensor) -> bool:
+def plain_eager(x: torch.Tensor) -> bool:
     return (type(x) in _PLAIN_TENSORS and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active() and not torch._C._is_torch_function_mode_enabled()
             and torch._C._len_torch_dispatch_stack() == 0)
@@ -331,7 +331,16 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     # The forward product needs the transpose only for a backward pass.
     with_transpose = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (x, adj.values, row_scale, col_scale, diag))
-    args, features = op_args(adj, x, row_scale, col_scale, diag, with_transpose, "fgplugin.spmm")
+    row_scale, col_scale, diag = checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
+    if settings.cusparse != "0" and cusparse.runs(adj, x, row_scale, col_scale, diag):
+        return cusparse.product(adj, x, row_scale, col_scale, diag)
+    return checked_product(adj, x, row_scale, col_scale, diag, with_transpose)
+
+
+def checked_product(adj: TiledAdjacency, x: torch.Tensor, row_scale, col_scale, diag,
+                    with_transpose: bool = False) -> torch.Tensor:
+    """:func:`spmm` on fgplugin's kernels, for arguments :func:`checked_inputs` returned."""
+    args, features = _op_args_of_checked(adj, x, row_scale, col_scale, diag, with_transpose)
     return _cut(args.call(with_transpose), features)
 
 
@@ -393,6 +402,13 @@ def op_args(adj, x, row_scale, col_scale, diag, with_transpose: bool, name: str,
     padded to whole 16-byte rows on CUDA) and ``x``'s feature count. With ``adjoint``, ``x`` is
     an output gradient (one row per destination node, in the op's ``x`` slot, which the adjoint
     product reads as its input) and the transpose is always included."""
+    row_scale, col_scale, diag = checked_inputs(adj, x, row_scale, col_scale, diag, name, adjoint)
+    return _op_args_of_checked(adj, x, row_scale, col_scale, diag, with_transpose or adjoint)
+
+
+def checked_inputs(adj, x, row_scale, col_scale, diag, name: str, adjoint: bool = False) -> tuple:
+    """``(row_scale, col_scale, diag)`` of ``spmm(adj, x, ...)`` checked and in ``x``'s aux dtype
+    (a float ``diag`` as a vector); raises a ValueError or TypeError naming the problem."""
     if not isinstance(adj, TiledAdjacency):
         raise TypeError(f"{name} expects a TiledAdjacency, got {type(adj).__name__}; build one with "
                         "TiledAdjacency.from_edge_index(edge_index, num_nodes)")
@@ -411,14 +427,15 @@ def op_args(adj, x, row_scale, col_scale, diag, with_transpose: bool, name: str,
     aux = aux_dtype_for(x.dtype)
     if isinstance(diag, (int, float)):
         diag = None if diag == 0 else adj.constant_diag(float(diag), aux)
-    row_scale = _as_aux(row_scale, "row_scale", n_rows, aux, x.device)
-    col_scale = _as_aux(col_scale, "col_scale", n_cols, aux, x.device)
-    diag = _as_aux(diag, "diag", min(n_rows, n_cols), aux, x.device)
+    return (_as_aux(row_scale, "row_scale", n_rows, aux, x.device), _as_aux(col_scale, "col_scale", n_cols, aux, x.device),
+            _as_aux(diag, "diag", min(n_rows, n_cols), aux, x.device))
+
+
+def _op_args_of_checked(adj, x, row_scale, col_scale, diag, transpose: bool) -> tuple[OpArgs, int]:
     features = x.shape[1]
     if x.is_cuda:
         x = _pad(x, padded_width(features, x.dtype, x.device, adj.nnz) - features)
-    rowptr, col, values, *plan, t_rowptr, t_col, t_values, t_plan, t_layout = _adjacency_args(
-        adj, x.dtype, with_transpose or adjoint)
+    rowptr, col, values, *plan, t_rowptr, t_col, t_values, t_plan, t_layout = _adjacency_args(adj, x.dtype, transpose)
     args = OpArgs(rowptr, col, values, x, row_scale, col_scale, diag, *plan, t_rowptr, t_col, t_values, t_plan,
                   t_layout)
     return args, features

@@ -23,11 +23,6 @@ choice off (``"0"``) or force the sparse form wherever it applies (``"1"``, for 
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import statistics
-import time
-
 import torch
 from torch import Tensor
 
@@ -39,8 +34,6 @@ from .tiling import TiledAdjacency
 # Inputs whose sparse work (nnz(x) + K nnz(A)) exceeds this share of n F are never timed: gathers
 # cost several times a GEMM's multiply-add, so the sparse form cannot win there.
 MAX_SPARSE_SHARE = 0.1
-PROBE_SAMPLES = 3
-SLEEP_CYCLES_PER_S = 2e9  # above any GPU's clock: the sleep lasts at least as long as asked
 
 
 class SparseInput:
@@ -100,24 +93,6 @@ def keep(graph, x: Tensor, width: int, hops: int) -> SparseInput | None:
     return None
 
 
-@contextlib.contextmanager
-def for_captured_step():
-    """Within: the probe weighs each form by its device time alone, as a step captured as a CUDA
-    graph (fgplugin.graphed_step, whose warm-up fills the input cache) replays its kernels without
-    host work. Outside, an eager step pays the larger of host and device time for each form: the
-    sparse form's products cost more host time than two GEMMs, which a small graph's eager,
-    host-bound step feels."""
-    token = _captured.set(True)
-    try:
-        yield
-    finally:
-        _captured.reset(token)
-
-
-# per thread (and task): one thread warming up a captured step leaves another's eager probe alone
-_captured = contextvars.ContextVar("fgplugin_sparse_input_captured", default=False)
-
-
 @torch.no_grad()
 def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: int) -> bool:
     """Times one step's products both ways: the dense form's GEMMs ``(A^K x) W`` and
@@ -142,42 +117,6 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
             ops.spmm_adjoint(adj, g_dst, *scales)
         ops.spmm_adjoint(sparse.adj, g_src)
 
-    sparse_ms = _ms(sparse_products, x.device, warm_up=True)
+    sparse_ms = autotune.cost_ms(sparse_products, x.device, warm_up=True)
     # the GEMMs build nothing on a first call; one of them slower than the whole sparse step settles it
-    return sparse_ms < _ms(dense, x.device, warm_up=False, stop_above=sparse_ms)
-
-
-def _ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf")) -> float:
-    """What ``run`` costs a step, in ms (median over a few batches of >= ~0.25 ms): its device
-    time in a captured step (:func:`for_captured_step`), else the larger of its device and host
-    time. If a first timed run already takes over ``stop_above`` ms, that run's time, without more
-    samples. ``warm_up``: run once untimed first (a first sparse product builds the transpose and
-    the kernel plans)."""
-    if warm_up:
-        run()
-    once = _batch_ms(run, 1, device)
-    if once > stop_above:
-        return once
-    batch = autotune.batch_for(once)
-    return statistics.median(_batch_ms(run, batch, device) for _ in range(PROBE_SAMPLES))
-
-
-def _batch_ms(run, n: int, device: torch.device) -> float:
-    """ms per run of ``n`` runs. On the CPU: wall time. On CUDA: the device's time, with the GPU
-    held by a sleep kernel until the host has queued every run (so that launch gaps are not
-    counted), or the host's time to queue a run where that is larger and the step is eager."""
-    if device.type != "cuda":
-        start = time.perf_counter()
-        for _ in range(n):
-            run()
-        return (time.perf_counter() - start) * 1e3 / n
-    torch.cuda.synchronize(device)
-    queued = time.perf_counter()
-    run()
-    host_s = time.perf_counter() - queued
-    torch.cuda.synchronize(device)
-    sleep = getattr(torch.cuda, "_sleep", None)  # private to torch: without it, launch gaps count too
-    if sleep is not None:
-        sleep(int(min(2.0 * n * host_s, 0.5) * SLEEP_CYCLES_PER_S))
-    device_ms = autotune.time_runs(run, n)
-    return device_ms if _captured.get() else max(device_ms, host_s * 1e3)
+    return sparse_ms < autotune.cost_ms(dense, x.device, warm_up=False, stop_above=sparse_ms)

@@ -1,6 +1,11 @@
 """fgplugin.config: every environment switch read in one place and listed in docs/design.md."""
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import fgplugin
 from fgplugin import config
@@ -32,3 +37,17 @@ def test_setters_return_the_previous_setting():
         before = getattr(config.settings, field)
         assert setter(not before) is before and getattr(config.settings, field) is (not before)
         assert setter(before) is (not before) and getattr(config.settings, field) is before
+
+
+@pytest.mark.parametrize("name, field", [("FGPLUGIN_SPARSE_INPUT", "sparse_input"), ("FGPLUGIN_CUSPARSE", "cusparse")])
+def test_three_way_switches_are_read_and_checked(name, field):
+    """auto / 0 / 1 and their common spellings; anything else is an error at import that says
+    what to set."""
+    read = f"import fgplugin; print(fgplugin.config.settings.{field})"
+    for value, mode in (("0", "0"), ("true", "1"), ("", "auto")):
+        env = {**os.environ, name: value}
+        out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0 and out.stdout.strip() == mode, out.stderr[-2000:]
+    env = {**os.environ, name: "sometimes"}
+    out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode != 0 and f"{name} must be auto, 0 or 1" in out.stderr

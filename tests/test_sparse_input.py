@@ -1,8 +1,5 @@
 """fgplugin.sparse_input: a layer's constant, mostly-zero input kept as a sparse matrix gives the
 stock layers' outputs and training, and is used only where it applies (and, on "auto", pays)."""
-import os
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -13,7 +10,7 @@ import torch_geometric.nn as pyg_nn  # noqa: E402
 
 import fgplugin  # noqa: E402
 import fgplugin.pyg as fp  # noqa: E402
-from fgplugin import input_cache, sparse_input  # noqa: E402
+from fgplugin import autotune, input_cache, sparse_input  # noqa: E402
 from fgplugin.reference import spmm_reference  # noqa: E402
 from fgplugin.sparse_input import SparseInput  # noqa: E402
 from fgplugin.testing import rel_error  # noqa: E402
@@ -279,13 +276,13 @@ def test_probe_times_both_ways(device):
     aggregation = fp.GCNConv(features, 8)._aggregation(n, ei, None, torch.float32)
     assert isinstance(sparse_input._sparse_is_faster(aggregation, x, SparseInput.of(x), 8, 1), bool)
     seen_elsewhere = []
-    with sparse_input.for_captured_step():
-        assert sparse_input._captured.get()
+    with autotune.for_captured_step():
+        assert autotune._captured.get()
         assert isinstance(sparse_input._sparse_is_faster(aggregation, x, SparseInput.of(x), 8, 1), bool)
-        other = threading.Thread(target=lambda: seen_elsewhere.append(sparse_input._captured.get()))
+        other = threading.Thread(target=lambda: seen_elsewhere.append(autotune._captured.get()))
         other.start()
         other.join()
-    assert not sparse_input._captured.get() and seen_elsewhere == [False]  # per thread
+    assert not autotune._captured.get() and seen_elsewhere == [False]  # per thread
 
 
 def test_autocast_bf16_against_float64():
@@ -310,16 +307,3 @@ def test_set_sparse_input_checks_its_argument():
     assert fgplugin.set_sparse_input("off") == "auto" and fgplugin.set_sparse_input("On") == "0"
     with pytest.raises(ValueError, match="set_sparse_input takes"):
         fgplugin.set_sparse_input("sometimes")
-
-
-def test_environment_variable_is_read_and_checked():
-    """FGPLUGIN_SPARSE_INPUT takes auto / 0 / 1 and their common spellings; anything else is an
-    error at import that says what to set."""
-    read = "import fgplugin; print(fgplugin.config.settings.sparse_input)"
-    for value, mode in (("0", "0"), ("true", "1"), ("", "auto")):
-        env = {**os.environ, "FGPLUGIN_SPARSE_INPUT": value}
-        out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, env=env, timeout=300)
-        assert out.returncode == 0 and out.stdout.strip() == mode, out.stderr[-2000:]
-    env = {**os.environ, "FGPLUGIN_SPARSE_INPUT": "sometimes"}
-    out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode != 0 and "FGPLUGIN_SPARSE_INPUT must be auto, 0 or 1" in out.stderr

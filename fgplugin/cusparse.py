@@ -1,0 +1,171 @@
+"""Products that cuSPARSE (``torch.sparse.mm``) runs faster than fgplugin's kernel, run there.
+
+fgplugin's CSR kernel gathers a row's neighbours with one warp per row (or per chunk of a hub
+row), all of the row's F columns at once. On small graphs at 128-256 columns cuSPARSE's CSR SpMM
+is faster: H100, CUDA-graph replay, GCN normalization, F = 128: actor 24 against 16 us, twitch_de
+48 against 31, amazon_photo 34 against 26, chameleon 19 against 14 (up to 1.7x at F = 256); at 16
+columns fgplugin's is faster on all 17 graphs measured (1.2-3.6x), at 64 on 15 of them
+(benchmarks/results/h100/kernel_vs_cusparse.json). Gathering 8 rows at a time instead of 4, or
+splitting F over more warps, made fgplugin's kernel slower on those graphs, not faster (same
+file). So for an adjacency with ``threshold="auto"`` the first product at each width of at least
+``MIN_WIDTH`` columns times both kernels, once, and a width where cuSPARSE is faster runs there:
+``diag(r) (A + diag(d)) diag(c)`` folded into one CSR (values ``r_i w_ij c_j``, the diagonal as
+entries), kept with the adjacency, with its transpose for the backward pass.
+
+It applies where all of these hold, else fgplugin's kernel runs:
+
+- CUDA (or ``FGPLUGIN_CUSPARSE=1``, which forces it on any device: for tests), float32 features
+  outside autocast (16-bit products stay on fgplugin's kernels, which accumulate in float32);
+- no gradient wanted for the edge values, scales or diagonal (only ``x``'s: the transpose's
+  product);
+- under ``grad_rows.MIN_WORK`` multiply-adds: the zero-row skipping never applies to such a
+  product, so its backward pass loses nothing by running the full transposed product;
+- plain eager mode, or a CUDA graph capture after the choice was made (fgplugin.graphed_step's
+  warm-up makes it, timing device time alone); not under torch.compile, functorch transforms,
+  tensor subclasses or torch function / dispatch modes.
+
+The timing weighs what a run costs a step (autotune.cost_ms): device time in a captured step,
+else the larger of host and device time. ``FGPLUGIN_CUSPARSE`` / :func:`fgplugin.set_cusparse`:
+``auto`` (default), ``0`` (never), ``1`` (wherever it applies, untimed).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from . import autotune, grad_rows
+from ._csr import rows_of_edges
+from .config import settings
+
+MIN_WIDTH = 64  # narrower products never run on cuSPARSE (fgplugin's kernel won on all graphs at 16)
+
+
+class Folded(NamedTuple):
+    """``diag(r) (A + diag(d)) diag(c)`` as a torch CSR tensor and its transpose, with what it was
+    folded from (compared by identity and version to tell whether it still holds)."""
+
+    matrix: Tensor
+    transposed: Tensor
+    sources: tuple
+
+
+def runs(adj, x: Tensor, row_scale, col_scale, diag) -> bool:
+    """Whether ``spmm(adj, x, row_scale, col_scale, diag)`` (checked arguments) runs on cuSPARSE."""
+    width = x.shape[1]
+    forced = settings.cusparse == "1"
+    if width < MIN_WIDTH and not forced:
+        return False
+    choice = adj._shared.get(("cusparse", width))
+    if choice is False and not forced:
+        return False
+    if not _applies(adj, x, row_scale, col_scale, diag, forced):
+        return False
+    if forced:
+        return True
+    if choice is None:
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False  # timing needs host syncs; fgplugin's kernel is captured, the choice waits
+        choice = adj._shared[("cusparse", width)] = _cusparse_is_faster(adj, width, row_scale, col_scale, diag)
+    return choice
+
+
+def product(adj, x: Tensor, row_scale, col_scale, diag) -> Tensor:
+    """``diag(r) (A + diag(d)) diag(c) x`` on cuSPARSE (differentiable in ``x``)."""
+    return _Product.apply(x, folded(adj, row_scale, col_scale, diag))
+
+
+def folded(adj, row_scale, col_scale, diag) -> Folded:
+    """The folded CSR of ``adj`` and its scales, kept with the adjacency (one, the last used) and
+    rebuilt when the scales are other tensors or any of them, or the edge values, was written in
+    place."""
+    sources = (row_scale, col_scale, diag)
+    versions = tuple(None if t is None else t._version for t in sources)
+    kept = adj._kept_for_values("cusparse_folded")
+    if kept is not None and all(a is b for a, b in zip(kept.sources[:3], sources)) and kept.sources[3] == versions:
+        return kept
+    kept = _fold(adj, row_scale, col_scale, diag, (*sources, versions))
+    adj._keep_for_values("cusparse_folded", kept)
+    return kept
+
+
+class _Product(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, fold):
+        ctx.fold = fold
+        return torch.sparse.mm(fold.matrix, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.sparse.mm(ctx.fold.transposed, grad), None
+
+
+def _applies(adj, x: Tensor, row_scale, col_scale, diag, forced: bool) -> bool:
+    if x.dtype != torch.float32 or torch.is_autocast_enabled(x.device.type):
+        return False
+    if not forced and (not x.is_cuda or adj.threshold != "auto" or adj.nnz * x.shape[1] >= _max_work(x.device)):
+        return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (adj.values, row_scale, col_scale, diag)):
+        return False
+    from .ops import plain_eager  # ops imports this module
+
+    return plain_eager(x)
+
+
+def _max_work(device: torch.device) -> int:
+    return grad_rows.MIN_WORK.get(device.type, grad_rows.MIN_WORK["cuda"])
+
+
+@torch.no_grad()
+def _cusparse_is_faster(adj, width: int, row_scale, col_scale, diag) -> bool:
+    """Times one forward product both ways at ``width`` columns (autotune.cost_ms)."""
+    from .ops import checked_product  # ops imports this module
+
+    x = torch.randn(adj.shape[1], width, device=adj.device, generator=torch.Generator(adj.device).manual_seed(0))
+    try:
+        fold = folded(adj, row_scale, col_scale, diag)
+        ours = autotune.cost_ms(lambda: checked_product(adj, x, row_scale, col_scale, diag), x.device, warm_up=True)
+        theirs = autotune.cost_ms(lambda: torch.sparse.mm(fold.matrix, x), x.device, warm_up=True, stop_above=ours)
+    except torch.cuda.OutOfMemoryError:  # the fold is a second copy of the graph: keep fgplugin's kernel
+        adj._keep_for_values("cusparse_folded", None)
+        torch.cuda.empty_cache()
+        return False
+    if theirs >= ours:
+        adj._keep_for_values("cusparse_folded", None)  # not needed at this width
+    return theirs < ours
+
+
+def _fold(adj, row_scale, col_scale, diag, sources: tuple) -> Folded:
+    n_rows, n_cols = adj.shape
+    rows = rows_of_edges(adj.rowptr, adj.nnz)
+    cols = adj.col.long()
+    values = torch.ones(adj.nnz, dtype=torch.float64, device=adj.device) if adj.values is None \
+        else adj.values.detach().to(torch.float64)
+    if row_scale is not None:
+        values = values * row_scale[rows]
+    if col_scale is not None:
+        values = values * col_scale[cols]
+    if diag is not None:
+        loops = torch.arange(diag.shape[0], device=adj.device)
+        loop_values = diag.to(torch.float64)
+        if row_scale is not None:
+            loop_values = loop_values * row_scale[:diag.shape[0]]
+        if col_scale is not None:
+            loop_values = loop_values * col_scale[:diag.shape[0]]
+        rows, cols, values = torch.cat([rows, loops]), torch.cat([cols, loops]), torch.cat([values, loop_values])
+    values = values.to(torch.float32)
+    matrix = _csr(rows, cols, values, (n_rows, n_cols))
+    symmetric = adj.values is None and row_scale is col_scale and n_rows == n_cols and adj.is_symmetric
+    transposed = matrix if symmetric else _csr(cols, rows, values, (n_cols, n_rows))
+    return Folded(matrix, transposed, sources)
+
+
+def _csr(rows: Tensor, cols: Tensor, values: Tensor, shape: tuple[int, int]) -> Tensor:
+    """The CSR tensor of the COO entries (repeated entries summed, as fgplugin's product sums them)."""
+    coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), values, shape, check_invariants=False).coalesce()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return coo.to_sparse_csr()

@@ -1,0 +1,207 @@
+"""fgplugin.cusparse: products routed to torch.sparse.mm (cuSPARSE) where a probe finds it faster.
+
+Forced on (``set_cusparse("1")``) the route runs on any device, so its products and gradients are
+checked against the float64 reference on the CPU too; on CUDA the probe's choice (per width, once)
+is obeyed and kept, and a captured step with a routed product replays the eager steps."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fgplugin
+from fgplugin import cusparse
+from fgplugin.testing import clustered_case, dense_spmm, graph_cases, random_graph_case, rel_error
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="the probe times CUDA kernels")
+WIDTH = 72  # >= MIN_WIDTH, not a multiple of the kernels' vector width
+
+
+@pytest.fixture(autouse=True)
+def auto_mode():
+    previous = fgplugin.set_cusparse("auto")
+    yield
+    fgplugin.set_cusparse(previous)
+
+
+@pytest.fixture
+def routed(monkeypatch):
+    """Counts the products that take the route."""
+    calls = []
+    product = cusparse.product
+
+    def counting(*args):
+        calls.append(args[1].shape[1])
+        return product(*args)
+
+    monkeypatch.setattr(cusparse, "product", counting)
+    return calls
+
+
+def _scales(case, device, kind):
+    n_dst, n_src = case.shape
+    g = torch.Generator().manual_seed(7)
+    if kind == "none":
+        return None, None, None
+    if kind == "float_diag":
+        return None, None, 1.0
+    rs, cs = torch.rand(n_dst, generator=g) + 0.5, torch.rand(n_src, generator=g) + 0.5
+    diag = torch.rand(min(n_dst, n_src), generator=g)
+    return rs.to(device), cs.to(device), diag.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["scales", "none", "float_diag"])
+def test_forced_products_and_gradients_match_float64(device, kind, fresh_seed, routed):
+    fgplugin.set_cusparse("1")
+    cases = [c for c in graph_cases()] + [random_graph_case(fresh_seed, n_src=150, n_dst=90, weighted=True),
+                                         clustered_case(fresh_seed, weighted=True)]
+    for case in cases:
+        adj = case.adjacency().to(device)
+        rs, cs, diag = _scales(case, device, kind)
+        x = torch.randn(case.shape[1], WIDTH, device=device, requires_grad=True)
+        out = fgplugin.spmm(adj, x, rs, cs, diag)
+        d = diag if not isinstance(diag, float) else torch.full((min(case.shape),), diag)
+        assert rel_error(out, dense_spmm(case.dense(), x, rs, cs, d)) <= 1e-5, case.name
+        g = torch.randn_like(out)
+        out.backward(g)
+        dense_t = case.dense().t()
+        assert rel_error(x.grad, dense_spmm(dense_t, g, cs, rs, d)) <= 1e-5, case.name
+    assert len(routed) == len(cases)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_what_the_route_cannot_do_stays_on_fgplugin(device, routed):
+    """Gradients for the edge values or the scales, float64 features and 16-bit autocast run on
+    fgplugin's kernels even when forced; the mode 0 never routes, and auto never routes off CUDA."""
+    case = clustered_case(5, weighted=True)
+    adj = case.adjacency().to(device)
+    n = case.shape[1]
+    fgplugin.set_cusparse("1")
+    weights = case.edge_weight.to(device).requires_grad_()
+    weighted = adj.with_values(weights)
+    scale = torch.rand(case.shape[0], device=device, requires_grad=True)
+    x = torch.randn(n, WIDTH, device=device)
+    out = fgplugin.spmm(adj, x, scale)
+    out.sum().backward()
+    assert scale.grad is not None and routed == []
+    fgplugin.spmm(adj, x.double())
+    with torch.autocast(device, dtype=torch.bfloat16):
+        fgplugin.spmm(adj, x)
+    assert routed == []
+    fgplugin.spmm(weighted, x).sum().backward()
+    assert weights.grad is not None and routed == []
+    fgplugin.set_cusparse("0")
+    fgplugin.spmm(adj, x)
+    assert routed == []
+    if device == "cpu":
+        fgplugin.set_cusparse("auto")
+        fgplugin.spmm(adj.with_tiles(threshold="auto"), x)
+        assert routed == []
+
+
+def test_the_fold_follows_in_place_writes_and_new_scales(routed):
+    fgplugin.set_cusparse("1")
+    case = random_graph_case(11, n_src=120, weighted=True)
+    adj = case.adjacency()
+    x = torch.randn(120, WIDTH)
+    rs = torch.rand(120) + 0.5
+    first = fgplugin.spmm(adj, x, rs)
+    assert rel_error(fgplugin.spmm(adj, x, rs), first) == 0  # the kept fold
+    with torch.no_grad():
+        adj.values.mul_(2.0)
+    assert rel_error(fgplugin.spmm(adj, x, rs), 2 * first) <= 1e-6
+    with torch.no_grad():
+        rs.mul_(3.0)
+    assert rel_error(fgplugin.spmm(adj, x, rs), 6 * first) <= 1e-6
+    other = rs.clone() / 3
+    assert rel_error(fgplugin.spmm(adj, x, other), 2 * first) <= 1e-6
+    assert len(routed) == 5
+
+
+def test_set_cusparse_checks_its_argument():
+    assert fgplugin.set_cusparse("0") == "auto"
+    assert fgplugin.set_cusparse(True) == "0"
+    assert fgplugin.set_cusparse("off") == "1"
+    with pytest.raises(ValueError, match="set_cusparse takes"):
+        fgplugin.set_cusparse("maybe")
+
+
+@CUDA
+@pytest.mark.parametrize("faster", [True, False])
+def test_the_probes_choice_is_obeyed_and_kept_per_width(faster, monkeypatch, routed):
+    probes = []
+
+    def probe(adj, width, *scales):
+        probes.append(width)
+        return faster
+
+    monkeypatch.setattr(cusparse, "_cusparse_is_faster", probe)
+    case = clustered_case(8)
+    adj = case.adjacency(threshold="auto").to("cuda")
+    r, c, d = adj.norm("gcn", dtype=torch.float32)
+    for width in (WIDTH, WIDTH, 128, 16):
+        x = torch.randn(case.shape[1], width, device="cuda")
+        out = fgplugin.spmm(adj, x, r, c, d)
+        assert rel_error(out, dense_spmm(case.dense(), x, r, c, d)) <= 1e-5
+    assert probes == [WIDTH, 128]  # once per width; 16 columns are never timed
+    assert routed == ([WIDTH, WIDTH, 128] if faster else [])
+    fixed = adj.with_tiles(threshold=0.05)  # a fixed threshold asks for fgplugin's kernel
+    fgplugin.spmm(fixed, torch.randn(case.shape[1], 128, device="cuda"), r, c, d)
+    assert len(routed) == (3 if faster else 0)
+
+
+@CUDA
+def test_the_real_probe_decides_once():
+    case = random_graph_case(2, n_src=3000, avg_degree=8)
+    adj = case.adjacency(threshold="auto").to("cuda")
+    x = torch.randn(3000, 128, device="cuda")
+    fgplugin.spmm(adj, x, *adj.norm("gcn", dtype=torch.float32))
+    assert isinstance(adj._shared[("cusparse", 128)], bool)
+
+
+@CUDA
+def test_a_routed_product_is_captured_and_replays_the_eager_steps(monkeypatch, routed):
+    """graphed_step's warm-up makes the choice (the probe's answer forced here), the capture
+    records the cuSPARSE product, and the replayed steps give the eager steps' losses (the eager
+    reference on fgplugin's kernels, with the fused Adam the captured step switches to)."""
+    import fgplugin.pyg as fg
+
+    monkeypatch.setattr(cusparse, "_cusparse_is_faster", lambda *args: True)
+    case = clustered_case(9, n_src=400)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(400, 96, generator=g).cuda()
+    y = torch.randint(0, 4, (400,), generator=g).cuda()
+    idx = torch.arange(0, 400, 5, device="cuda")
+    ei = case.edge_index.cuda()
+
+    class Net(torch.nn.Module):  # the middle layer aggregates 72 columns every step
+        def __init__(self):
+            super().__init__()
+            self.convs = torch.nn.ModuleList([fg.GCNConv(96, 80, cached=True), fg.GCNConv(80, 72, cached=True),
+                                              fg.GCNConv(72, 4, cached=True)])
+
+        def forward(self, x, edge_index):
+            for conv in self.convs[:-1]:
+                x = conv(x, edge_index).relu()
+            return self.convs[-1](x, edge_index)
+
+    torch.manual_seed(0)
+    model = Net().cuda()
+    reference = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, ei)
+    losses = [float(step()) for _ in range(5)]
+    assert isinstance(step.graph, torch.cuda.CUDAGraph)
+    assert routed.count(72) == 3 + 1  # the warm-up steps and the capture
+    fgplugin.set_cusparse("0")
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=0.01, fused=True)
+    expected = []
+    for _ in range(3 + 5):
+        ref_opt.zero_grad()
+        loss = F.cross_entropy(reference(x, ei)[idx], y[idx])
+        loss.backward()
+        ref_opt.step()
+        expected.append(float(loss))
+    assert losses == pytest.approx(expected[3:], rel=1e-4)
