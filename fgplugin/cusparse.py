@@ -74,7 +74,10 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag) -> bool:
 
 def product(adj, x: Tensor, row_scale, col_scale, diag) -> Tensor:
     """``diag(r) (A + diag(d)) diag(c) x`` on cuSPARSE (differentiable in ``x``)."""
-    return _Product.apply(x, folded(adj, row_scale, col_scale, diag))
+    fold = folded(adj, row_scale, col_scale, diag)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Product.apply(x, fold)
+    return torch.sparse.mm(fold.matrix, x)
 
 
 def folded(adj, row_scale, col_scale, diag) -> Folded:
@@ -119,16 +122,19 @@ def _max_work(device: torch.device) -> int:
     return grad_rows.MIN_WORK.get(device.type, grad_rows.MIN_WORK["cuda"])
 
 
-@torch.no_grad()
+@torch.enable_grad()
 def _cusparse_is_faster(adj, width: int, row_scale, col_scale, diag) -> bool:
-    """Times one forward product both ways at ``width`` columns (autotune.cost_ms)."""
+    """Times one forward product both ways at ``width`` columns, each as a training step calls
+    it (recorded for autograd; autotune.cost_ms: in an eager step its host time counts too)."""
     from .ops import checked_product  # ops imports this module
 
-    x = torch.randn(adj.shape[1], width, device=adj.device, generator=torch.Generator(adj.device).manual_seed(0))
+    gen = torch.Generator(adj.device).manual_seed(0)
+    x = torch.randn(adj.shape[1], width, device=adj.device, generator=gen).requires_grad_()
     try:
-        fold = folded(adj, row_scale, col_scale, diag)
-        ours = autotune.cost_ms(lambda: checked_product(adj, x, row_scale, col_scale, diag), x.device, warm_up=True)
-        theirs = autotune.cost_ms(lambda: torch.sparse.mm(fold.matrix, x), x.device, warm_up=True, stop_above=ours)
+        ours = autotune.cost_ms(lambda: checked_product(adj, x, row_scale, col_scale, diag, True), x.device,
+                                warm_up=True)
+        theirs = autotune.cost_ms(lambda: product(adj, x, row_scale, col_scale, diag), x.device, warm_up=True,
+                                  stop_above=ours)
     except torch.cuda.OutOfMemoryError:  # the fold is a second copy of the graph: keep fgplugin's kernel
         adj._keep_for_values("cusparse_folded", None)
         torch.cuda.empty_cache()

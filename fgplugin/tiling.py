@@ -85,7 +85,7 @@ class TiledAdjacency:
             ``x_new = x_old[perm]``; ``inv_perm``: old -> new), or ``None``.
     """
 
-    def __init__(self, rowptr, col, values, shape, *, tile_size=32, threshold=DEFAULT_THRESHOLD, edge_perm=None,
+    def __init__(self, rowptr, col, values, shape, *, tile_size=32, threshold="auto", edge_perm=None,
                  perm=None, _shared=None):
         self.shape = (int(shape[0]), int(shape[1]))
         self.rowptr = rowptr
@@ -105,7 +105,7 @@ class TiledAdjacency:
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_edge_index(cls, edge_index, num_nodes=None, edge_weight=None, *, size=None, tile_size=32,
-                        threshold=DEFAULT_THRESHOLD, index_dtype=None, keep_edge_order=True,
+                        threshold="auto", index_dtype=None, keep_edge_order=True,
                         perm=None) -> "TiledAdjacency":
         """From a PyG-style ``edge_index`` [2, E] (row 0 = source, row 1 = target).
 
@@ -143,7 +143,7 @@ class TiledAdjacency:
                    edge_perm=edge_perm, perm=perm)
 
     @classmethod
-    def from_csr(cls, rowptr, col, values=None, *, shape=None, tile_size=32, threshold=DEFAULT_THRESHOLD,
+    def from_csr(cls, rowptr, col, values=None, *, shape=None, tile_size=32, threshold="auto",
                  index_dtype=None, perm=None) -> "TiledAdjacency":
         """From CSR arrays with rows = destination nodes; ``shape`` defaults to square."""
         check_tile_options(tile_size, threshold)
