@@ -41,6 +41,9 @@ from ._csr import rows_of_edges
 from .config import settings
 
 MIN_WIDTH = 64  # narrower products never run on cuSPARSE (fgplugin's kernel won on all graphs at 16)
+# cuSPARSE must be this much faster to be chosen: a small graph's eager product is host-bound, and
+# one timing of its host time can be off by more than the two kernels differ
+MIN_GAIN = 0.05
 
 
 class Folded(NamedTuple):
@@ -139,9 +142,10 @@ def _cusparse_is_faster(adj, width: int, row_scale, col_scale, diag) -> bool:
         adj._keep_for_values("cusparse_folded", None)
         torch.cuda.empty_cache()
         return False
-    if theirs >= ours:
+    faster = theirs < ours * (1 - MIN_GAIN)
+    if not faster:
         adj._keep_for_values("cusparse_folded", None)  # not needed at this width
-    return theirs < ours
+    return faster
 
 
 def _fold(adj, row_scale, col_scale, diag, sources: tuple) -> Folded:
@@ -171,7 +175,8 @@ def _fold(adj, row_scale, col_scale, diag, sources: tuple) -> Folded:
 
 def _csr(rows: Tensor, cols: Tensor, values: Tensor, shape: tuple[int, int]) -> Tensor:
     """The CSR tensor of the COO entries (repeated entries summed, as fgplugin's product sums them)."""
-    coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), values, shape, check_invariants=False).coalesce()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # torch's notes that its sparse tensors are in beta / unchecked
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-        return coo.to_sparse_csr()
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+        coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), values, shape, check_invariants=False)
+        return coo.coalesce().to_sparse_csr()
