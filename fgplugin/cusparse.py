@@ -7,10 +7,11 @@ is faster: H100, CUDA-graph replay, GCN normalization, F = 128: actor 24 against
 columns fgplugin's is faster on all 17 graphs measured (1.2-3.6x), at 64 on 15 of them
 (benchmarks/results/h100/kernel_vs_cusparse.json). Gathering 8 rows at a time instead of 4, or
 splitting F over more warps, made fgplugin's kernel slower on those graphs, not faster (same
-file). So for an adjacency with ``threshold="auto"`` the first product at each width of at least
-``MIN_WIDTH`` columns times both kernels, once, and a width where cuSPARSE is faster runs there:
-``diag(r) (A + diag(d)) diag(c)`` folded into one CSR (values ``r_i w_ij c_j``, the diagonal as
-entries), kept with the adjacency, with its transpose for the backward pass.
+file). So for an adjacency with ``threshold="auto"`` the first product at each width from
+``MIN_WIDTH`` to ``MAX_WIDTH`` columns times both kernels, once, and a width where cuSPARSE is at
+least ``MIN_GAIN`` faster runs there: ``diag(r) (A + diag(d)) diag(c)`` folded into one CSR
+(values ``r_i w_ij c_j``, the diagonal as entries), kept with the adjacency, with its transpose
+for the backward pass.
 
 It applies where all of these hold, else fgplugin's kernel runs:
 
@@ -40,7 +41,10 @@ from . import autotune, grad_rows
 from ._csr import rows_of_edges
 from .config import settings
 
-MIN_WIDTH = 64  # narrower products never run on cuSPARSE (fgplugin's kernel won on all graphs at 16)
+# The widths timed: fgplugin's kernel won on every graph at 16 columns; wider products than 256 (a
+# layer's input features) were not measured, and are rarely repeated: a constant input's product
+# is kept (fgplugin.input_cache), so timing both kernels for it would cost more than it could save.
+MIN_WIDTH, MAX_WIDTH = 64, 256
 # cuSPARSE must be this much faster to be chosen: a small graph's eager product is host-bound, and
 # one timing of its host time can be off by more than the two kernels differ
 MIN_GAIN = 0.05
@@ -59,7 +63,7 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag) -> bool:
     """Whether ``spmm(adj, x, row_scale, col_scale, diag)`` (checked arguments) runs on cuSPARSE."""
     width = x.shape[1]
     forced = settings.cusparse == "1"
-    if width < MIN_WIDTH and not forced:
+    if not MIN_WIDTH <= width <= MAX_WIDTH and not forced:
         return False
     choice = adj._shared.get(("cusparse", width))
     if choice is False and not forced:

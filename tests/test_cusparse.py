@@ -141,11 +141,11 @@ def test_the_probes_choice_is_obeyed_and_kept_per_width(faster, monkeypatch, rou
     case = clustered_case(8)
     adj = case.adjacency(threshold="auto").to("cuda")
     r, c, d = adj.norm("gcn", dtype=torch.float32)
-    for width in (WIDTH, WIDTH, 128, 16):
+    for width in (WIDTH, WIDTH, 128, 16, 300):
         x = torch.randn(case.shape[1], width, device="cuda")
         out = fgplugin.spmm(adj, x, r, c, d)
         assert rel_error(out, dense_spmm(case.dense(), x, r, c, d)) <= 1e-5
-    assert probes == [WIDTH, 128]  # once per width; 16 columns are never timed
+    assert probes == [WIDTH, 128]  # once per width; 16 and 300 columns are never timed
     assert routed == ([WIDTH, WIDTH, 128] if faster else [])
     fixed = adj.with_tiles(threshold=0.05)  # a fixed threshold asks for fgplugin's kernel
     fgplugin.spmm(fixed, torch.randn(case.shape[1], 128, device="cuda"), r, c, d)
