@@ -154,6 +154,12 @@ def for_captured_step():
 _captured = contextvars.ContextVar("fgplugin_captured_step", default=False)
 
 
+def in_captured_step() -> bool:
+    """Whether the caller runs inside :func:`for_captured_step` (choices timed here are kept
+    apart from eager ones, which weigh host time too)."""
+    return _captured.get()
+
+
 def cost_ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf")) -> float:
     """What ``run`` costs a step, in ms (median over a few batches of >= ~0.25 ms): its device
     time in a captured step (:func:`for_captured_step`), else the larger of its device and host

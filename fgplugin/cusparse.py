@@ -22,8 +22,9 @@ It applies where all of these hold, else fgplugin's kernel runs:
 - under ``grad_rows.MIN_WORK`` multiply-adds: the zero-row skipping never applies to such a
   product, so its backward pass loses nothing by running the full transposed product;
 - plain eager mode, or a CUDA graph capture after the choice was made (fgplugin.graphed_step's
-  warm-up makes it, timing device time alone); not under torch.compile, functorch transforms,
-  tensor subclasses or torch function / dispatch modes.
+  warm-up makes it, timing device time alone, and keeps it apart from an eager step's choice);
+  not under torch.compile, functorch transforms, tensor subclasses or torch function / dispatch
+  modes.
 
 The timing weighs what a run costs a step (autotune.cost_ms): device time in a captured step,
 else the larger of host and device time. ``FGPLUGIN_CUSPARSE`` / :func:`fgplugin.set_cusparse`:
@@ -65,7 +66,8 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag) -> bool:
     forced = settings.cusparse == "1"
     if not MIN_WIDTH <= width <= MAX_WIDTH and not forced:
         return False
-    choice = adj._shared.get(("cusparse", width))
+    key = ("cusparse", width, autotune.in_captured_step())  # a captured step weighs device time alone
+    choice = adj._shared.get(key)
     if choice is False and not forced:
         return False
     if not _applies(adj, x, row_scale, col_scale, diag, forced):
@@ -75,7 +77,7 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag) -> bool:
     if choice is None:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return False  # timing needs host syncs; fgplugin's kernel is captured, the choice waits
-        choice = adj._shared[("cusparse", width)] = _cusparse_is_faster(adj, width, row_scale, col_scale, diag)
+        choice = adj._shared[key] = _cusparse_is_faster(adj, width, row_scale, col_scale, diag)
     return choice
 
 

@@ -90,7 +90,7 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph), autotune.for_captured_step():  # the warm-up's kernel choices
             static_loss = loss_fn(forward())
             static_loss.backward()
             optimizer.step()

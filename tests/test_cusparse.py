@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import fgplugin
-from fgplugin import cusparse
+from fgplugin import autotune, cusparse
 from fgplugin.testing import clustered_case, dense_spmm, graph_cases, random_graph_case, rel_error
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -158,7 +158,10 @@ def test_the_real_probe_decides_once():
     adj = case.adjacency(threshold="auto").to("cuda")
     x = torch.randn(3000, 128, device="cuda")
     fgplugin.spmm(adj, x, *adj.norm("gcn", dtype=torch.float32))
-    assert isinstance(adj._shared[("cusparse", 128)], bool)
+    assert isinstance(adj._shared[("cusparse", 128, False)], bool)  # an eager choice
+    with autotune.for_captured_step():
+        fgplugin.spmm(adj, x, *adj.norm("gcn", dtype=torch.float32))
+    assert isinstance(adj._shared[("cusparse", 128, True)], bool)  # a captured step's own
 
 
 @CUDA
