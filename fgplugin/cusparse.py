@@ -41,6 +41,7 @@ from torch import Tensor
 from . import autotune, grad_rows
 from ._csr import rows_of_edges
 from .config import settings
+from .eager import plain_eager
 
 # The widths timed: fgplugin's kernel won on every graph at 16 columns; wider products than 256 (a
 # layer's input features) were not measured, and are rarely repeated: a constant input's product
@@ -60,8 +61,10 @@ class Folded(NamedTuple):
     sources: tuple
 
 
-def runs(adj, x: Tensor, row_scale, col_scale, diag) -> bool:
-    """Whether ``spmm(adj, x, row_scale, col_scale, diag)`` (checked arguments) runs on cuSPARSE."""
+def runs(adj, x: Tensor, row_scale, col_scale, diag, ours) -> bool:
+    """Whether ``spmm(adj, x, row_scale, col_scale, diag)`` (checked arguments) runs on cuSPARSE;
+    ``ours(adj, x, row_scale, col_scale, diag, with_transpose)`` is fgplugin's product, which the
+    first call at a width times against cuSPARSE's."""
     width = x.shape[1]
     forced = settings.cusparse == "1"
     if not MIN_WIDTH <= width <= MAX_WIDTH and not forced:
@@ -77,7 +80,7 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag) -> bool:
     if choice is None:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return False  # timing needs host syncs; fgplugin's kernel is captured, the choice waits
-        choice = adj._shared[key] = _cusparse_is_faster(adj, width, row_scale, col_scale, diag)
+        choice = adj._shared[key] = _cusparse_is_faster(adj, width, row_scale, col_scale, diag, ours)
     return choice
 
 
@@ -122,8 +125,6 @@ def _applies(adj, x: Tensor, row_scale, col_scale, diag, forced: bool) -> bool:
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (adj.values, row_scale, col_scale, diag)):
         return False
-    from .ops import plain_eager  # ops imports this module
-
     return plain_eager(x)
 
 
@@ -132,23 +133,20 @@ def _max_work(device: torch.device) -> int:
 
 
 @torch.enable_grad()
-def _cusparse_is_faster(adj, width: int, row_scale, col_scale, diag) -> bool:
+def _cusparse_is_faster(adj, width: int, row_scale, col_scale, diag, ours) -> bool:
     """Times one forward product both ways at ``width`` columns, each as a training step calls
     it (recorded for autograd; autotune.cost_ms: in an eager step its host time counts too)."""
-    from .ops import checked_product  # ops imports this module
-
     gen = torch.Generator(adj.device).manual_seed(0)
     x = torch.randn(adj.shape[1], width, device=adj.device, generator=gen).requires_grad_()
     try:
-        ours = autotune.cost_ms(lambda: checked_product(adj, x, row_scale, col_scale, diag, True), x.device,
-                                warm_up=True)
-        theirs = autotune.cost_ms(lambda: product(adj, x, row_scale, col_scale, diag), x.device, warm_up=True,
-                                  stop_above=ours)
+        our_ms = autotune.cost_ms(lambda: ours(adj, x, row_scale, col_scale, diag, True), x.device, warm_up=True)
+        their_ms = autotune.cost_ms(lambda: product(adj, x, row_scale, col_scale, diag), x.device, warm_up=True,
+                                    stop_above=our_ms)
     except torch.cuda.OutOfMemoryError:  # the fold is a second copy of the graph: keep fgplugin's kernel
         adj._keep_for_values("cusparse_folded", None)
         torch.cuda.empty_cache()
         return False
-    faster = theirs < ours * (1 - MIN_GAIN)
+    faster = their_ms < our_ms * (1 - MIN_GAIN)
     if not faster:
         adj._keep_for_values("cusparse_folded", None)  # not needed at this width
     return faster

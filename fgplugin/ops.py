@@ -25,6 +25,7 @@ import torch
 from . import cusparse, grad_rows
 from ._csr import aux_dtype_for, rows_of_edges
 from .config import settings
+from .eager import plain_eager
 from .reference import (dense_tile_arch_reference, dropout_reference, nonzero_rows_reference, pad_columns_reference,
                         sddmm_reference, set_wgmma_reference, spmm_reference)
 from .tiling import TiledAdjacency
@@ -190,15 +191,6 @@ def run_spmm(args: OpArgs, needs_grad: bool | None = None) -> torch.Tensor:
     return _below_autograd(torch.ops.fgplugin.spmm.default, None, args)
 
 
-def plain_eager(x: torch.Tensor) -> bool:
-    return (type(x) in _PLAIN_TENSORS and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active() and not torch._C._is_torch_function_mode_enabled()
-            and torch._C._len_torch_dispatch_stack() == 0)
-
-
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-
-
 def _spmm_fake(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr, t_col, t_values,
                t_plan, t_plan_layout):
     torch._check(x.dim() == 2, lambda: "fgplugin.spmm: x must be 2-D")
@@ -332,7 +324,7 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     with_transpose = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (x, adj.values, row_scale, col_scale, diag))
     row_scale, col_scale, diag = checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
-    if settings.cusparse != "0" and cusparse.runs(adj, x, row_scale, col_scale, diag):
+    if settings.cusparse != "0" and cusparse.runs(adj, x, row_scale, col_scale, diag, checked_product):
         return cusparse.product(adj, x, row_scale, col_scale, diag)
     return checked_product(adj, x, row_scale, col_scale, diag, with_transpose)
 

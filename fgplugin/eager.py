@@ -1,0 +1,17 @@
+"""Whether a call runs in plain eager mode, where fgplugin may take its Python shortcuts.
+
+Outside it (torch.compile tracing, functorch transforms, tensor subclasses, torch function or
+dispatch modes) the ops go through the dispatcher and their registered kernels, which those
+machineries know how to handle."""
+from __future__ import annotations
+
+import torch
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def plain_eager(x: torch.Tensor) -> bool:
+    """True when ``x`` is a plain tensor and no tracing, transform or mode is active."""
+    return (type(x) in _PLAIN_TENSORS and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active() and not torch._C._is_torch_function_mode_enabled()
+            and torch._C._len_torch_dispatch_stack() == 0)
