@@ -28,7 +28,7 @@ from torch import Tensor
 
 from . import autotune, ops
 from ._csr import rowptr_from_sorted_rows
-from .config import settings
+from .config import set_row_skipping, settings
 from .tiling import TiledAdjacency
 
 # Inputs whose sparse work (nnz(x) + K nnz(A)) exceeds this share of n F are never timed: gathers
@@ -93,30 +93,39 @@ def keep(graph, x: Tensor, width: int, hops: int) -> SparseInput | None:
     return None
 
 
-@torch.no_grad()
+@torch.enable_grad()
 def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: int) -> bool:
-    """Times one step's products both ways: the dense form's GEMMs ``(A^K x) W`` and
-    ``(A^K x)^T G``, against ``x W``, ``x^T G'`` and the ``hops`` forward and adjoint products
-    over the graph, all at ``width`` columns."""
+    """Times one training step's use of each form, forward and backward through autograd as the
+    layer runs them, at ``width`` columns: the dense form's ``(A^K x) W`` and its weight gradient
+    ``(A^K x)^T G`` against ``x W``, the ``hops`` products over the graph, their adjoints and
+    ``x^T G'``. Through autograd because an eager step pays the autograd functions' host time as
+    well: timed without it, the sparse form's four products looked cheaper than they run
+    (twitch_de, H100: kept sparse, eager steps of 1.85 ms against 1.44 for cuSPARSE cached;
+    docs/results.md section 18). The zero-row skipping is off meanwhile: its host sync would wait
+    for the timer's sleep kernel."""
     gen = torch.Generator(device=x.device).manual_seed(0)
-    w = torch.randn(x.shape[1], width, device=x.device, generator=gen)
-    g_src = torch.randn(x.shape[0], width, device=x.device, generator=gen)  # x's rows: the graph's sources
+    w = torch.randn(x.shape[1], width, device=x.device, generator=gen).requires_grad_()
     g_dst = torch.randn(graph.shape[0], width, device=x.device, generator=gen)
     # the dense form multiplies A^K x, one row per target node (its values do not change a GEMM's time)
     aggregated = x if graph.shape[0] == x.shape[0] else x.new_zeros(graph.shape[0], x.shape[1])
-    adj, scales = graph.adj, graph.norm
 
-    def dense():
-        torch.mm(aggregated, w)
-        torch.mm(aggregated.t(), g_dst)
-
-    def sparse_products():
+    def sparse_forward():
         h = sparse @ w
         for _ in range(hops):
             h = graph(h)
-            ops.spmm_adjoint(adj, g_dst, *scales)
-        ops.spmm_adjoint(sparse.adj, g_src)
+        return h
 
-    sparse_ms = autotune.cost_ms(sparse_products, x.device, warm_up=True)
-    # the GEMMs build nothing on a first call; one of them slower than the whole sparse step settles it
-    return sparse_ms < autotune.cost_ms(dense, x.device, warm_up=False, stop_above=sparse_ms)
+    def step(forward):
+        def run():
+            w.grad = None
+            forward().backward(g_dst)
+        return run
+
+    skipping = set_row_skipping(False)
+    try:
+        sparse_ms = autotune.cost_ms(step(sparse_forward), x.device, warm_up=True)
+        # the GEMMs build nothing on a first call; one slower than the whole sparse step settles it
+        return sparse_ms < autotune.cost_ms(step(lambda: aggregated @ w), x.device, warm_up=False,
+                                            stop_above=sparse_ms)
+    finally:
+        set_row_skipping(skipping)
