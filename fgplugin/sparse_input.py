@@ -124,8 +124,9 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
     skipping = set_row_skipping(False)
     try:
         sparse_ms = autotune.cost_ms(step(sparse_forward), x.device, warm_up=True)
-        # the GEMMs build nothing on a first call; one slower than the whole sparse step settles it
-        return sparse_ms < autotune.cost_ms(step(lambda: aggregated @ w), x.device, warm_up=False,
+        # warmed up too: a first GEMM of a shape loads its kernels (CUDA's lazy loading), which
+        # made one dense step look slower than the whole sparse one and ended the timing there
+        return sparse_ms < autotune.cost_ms(step(lambda: aggregated @ w), x.device, warm_up=True,
                                             stop_above=sparse_ms)
     finally:
         set_row_skipping(skipping)
