@@ -261,7 +261,7 @@ def test_raw_op_rejects_mismatched_arguments():
 def test_threshold_probe_walks_towards_denser_plans_until_one_is_slower():
     """The probe times the no-dense plan first, then ever denser ones, and stops at the first plan
     more than STOP_MARGIN slower than the best so far: the plans after it are neither built nor
-    timed."""
+    timed. Where a denser plan wins, the no-dense plan is timed once more."""
     from fgplugin.autotune import STOP_MARGIN, search_groups
 
     groups = [[0.02], [0.03, 0.05], [0.075], [0.10], [0.15, 1.0]]  # plan_groups' order: densest first
@@ -276,7 +276,8 @@ def test_threshold_probe_walks_towards_denser_plans_until_one_is_slower():
     # a large community graph: denser plans get faster down to 0.05, then slower
     falling = {1.0: 6.5, 0.10: 5.2, 0.075: 4.9, 0.05: 5.0, 0.02: 5.6}
     times = search_groups(groups, time_group(falling))
-    assert timed == [1.0, 0.10, 0.075, 0.05, 0.02]  # 0.05 is within the margin of 0.075: the walk goes on
+    # 0.05 is within the margin of 0.075: the walk goes on; a denser plan won: 1.0 is timed again
+    assert timed == [1.0, 0.10, 0.075, 0.05, 0.02, 1.0]
     assert min(times, key=times.get) == 0.075 and times[0.03] == times[0.05] == 5.0
     # a small graph: the first dense plan is slower (a launch more), nothing denser is built
     timed.clear()
@@ -284,6 +285,14 @@ def test_threshold_probe_walks_towards_denser_plans_until_one_is_slower():
     times = search_groups(groups, time_group(rising))
     assert timed == [1.0, 0.10] and set(times) == {0.15, 1.0, 0.10}
     assert min(times, key=lambda thr: (times[thr], -thr)) == 1.0  # choose_threshold's rule
+    # a first timing that ran slow: the dense plan seems to win until 1.0 is timed again
+    first_runs = iter([0.080, 0.040])
+
+    def slow_first(group):
+        return next(first_runs) if max(group) == 1.0 else {0.10: 0.060, 0.075: 0.07}.get(max(group), 0.09)
+
+    times = search_groups(groups, slow_first)
+    assert times[1.0] == 0.040 and min(times, key=lambda thr: (times[thr], -thr)) == 1.0
 
 
 def test_threshold_probe_groups_candidates_by_plan():
