@@ -295,6 +295,15 @@ def test_threshold_probe_walks_towards_denser_plans_until_one_is_slower():
     assert times[1.0] == 0.040 and min(times, key=lambda thr: (times[thr], -thr)) == 1.0
 
 
+def test_dense_tiles_must_win_by_a_margin():
+    from fgplugin.autotune import MIN_DENSE_GAIN, fastest
+
+    assert fastest({0.05: 5.0, 0.10: 5.2, 0.15: 6.5, 1.0: 6.5}) == 0.05  # reddit-like: 23% faster
+    close = 1.0 * (1 - MIN_DENSE_GAIN / 2)
+    assert fastest({0.10: close, 0.15: 1.0, 1.0: 1.0}) == 1.0  # within the margin: no dense tiles
+    assert fastest({0.02: 0.5, 0.05: 0.5}) == 0.05  # without a no-dense time: the fastest, largest
+
+
 def test_threshold_probe_groups_candidates_by_plan():
     """The probe times one plan per group of candidate thresholds: those that make the same tiles
     dense, and with the no-dense-tile plan (1.0) every threshold whose dense tiles would hold under
