@@ -1,13 +1,16 @@
-"""``threshold="auto"``: the dense-tile threshold chosen per graph by a short timed probe.
+"""Timed probes: ``threshold="auto"`` (the dense-tile threshold chosen per graph) and what a run
+costs a training step (:func:`cost_ms`, which the sparse-input and cuSPARSE choices use).
 
-The probe builds the block-adaptive plan for each candidate threshold, times the forward SpMM
-(F = 128 by default, random features in the dtype class of the run, with row and column scales so
-the kernel does the work a GCN layer does) with CUDA events, and keeps the fastest. It costs one
-plan build per distinct plan plus a few runs of each (H100: 0.5-1.5 s on the community-ordered
-75-200M-edge synthetic graphs, 0.2-0.4 s in their original order, where every candidate is the
-same plan; docs/results.md) and runs once per graph, tile size, device and dtype class (fp32 /
-16-bit). ``TiledAdjacency.kernel_plan`` calls :func:`choose_threshold` before it builds a plan and
-keeps the choice and the winning plan on the adjacency. Off CUDA it returns the fixed default.
+The threshold probe builds the block-adaptive plan of each distinct candidate, from the one
+without dense tiles towards denser ones until one is slower (:func:`search_groups`), times the
+forward SpMM (F = 128 by default, random features in the dtype class of the run, with row and
+column scales so the kernel does the work a GCN layer does) with CUDA events, and keeps the
+fastest, a plan with dense tiles only if it is ``MIN_DENSE_GAIN`` faster than the one without
+(:func:`fastest`). It costs a plan build and a few runs per plan timed (H100: 4-24 ms on the real
+graphs; 0.2-0.5 s on the 75-200M-edge synthetic ones; docs/results.md) and runs once per graph,
+tile size, device and dtype class (fp32 / 16-bit). ``TiledAdjacency.kernel_plan`` calls
+:func:`choose_threshold` before it builds a plan and keeps the choice and the winning plan on the
+adjacency. Off CUDA it returns the fixed default.
 """
 from __future__ import annotations
 
