@@ -7,7 +7,7 @@ forward SpMM (F = 128 by default, random features in the dtype class of the run,
 column scales so the kernel does the work a GCN layer does) with CUDA events, and keeps the
 fastest, a plan with dense tiles only if it is ``MIN_DENSE_GAIN`` faster than the one without
 (:func:`fastest`). It costs a plan build and a few runs per plan timed (H100: 4-24 ms on the real
-graphs; 0.2-0.5 s on the 75-200M-edge synthetic ones; docs/results.md) and runs once per graph,
+graphs; 0.07-0.54 s on the 75-120M-edge synthetic ones; docs/results.md) and runs once per graph,
 tile size, device and dtype class (fp32 / 16-bit). ``TiledAdjacency.kernel_plan`` calls
 :func:`choose_threshold` before it builds a plan and keeps the choice and the winning plan on the
 adjacency. Off CUDA it returns the fixed default.
