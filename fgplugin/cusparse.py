@@ -52,19 +52,26 @@ MIN_WIDTH, MAX_WIDTH = 64, 256
 MIN_GAIN = 0.05
 
 
+MAX_FOLDS = 4  # folds kept per adjacency, the most recently used: one per normalization in use
+
+
 class Folded(NamedTuple):
-    """``diag(r) (A + diag(d)) diag(c)`` as a torch CSR tensor and its transpose, with what it was
-    folded from (compared by identity and version to tell whether it still holds)."""
+    """``diag(r) (A + diag(d)) diag(c)`` as a torch CSR tensor and its transpose, with the
+    arguments it was folded from (as the caller passed them) and their versions."""
 
     matrix: Tensor
     transposed: Tensor
     sources: tuple
+    versions: tuple
 
 
-def runs(adj, x: Tensor, row_scale, col_scale, diag, ours) -> bool:
-    """Whether ``spmm(adj, x, row_scale, col_scale, diag)`` (checked arguments) runs on cuSPARSE;
-    ``ours(adj, x, row_scale, col_scale, diag, with_transpose)`` is fgplugin's product, which the
-    first call at a width times against cuSPARSE's."""
+def runs(adj, x: Tensor, row_scale, col_scale, diag, ours, sources: tuple) -> bool:
+    """Whether ``spmm(adj, x, row_scale, col_scale, diag)`` (checked arguments; ``sources``: the
+    scale arguments as the caller passed them) runs on cuSPARSE; ``ours(adj, x, row_scale,
+    col_scale, diag, with_transpose)`` is fgplugin's product, which the first call at a width
+    times against cuSPARSE's."""
+    if not plain_eager(x):  # first: torch.compile traces fgplugin's op, and nothing of this
+        return False
     width = x.shape[1]
     forced = settings.cusparse == "1"
     if not MIN_WIDTH <= width <= MAX_WIDTH and not forced:
@@ -75,35 +82,56 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag, ours) -> bool:
         return False
     if not _applies(adj, x, row_scale, col_scale, diag, forced):
         return False
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        # timing and folding need host syncs: a capture takes cuSPARSE only with its fold at hand
+        return (forced or choice is True) and _kept_fold(adj, sources) is not None
     if forced:
         return True
     if choice is None:
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            return False  # timing needs host syncs; fgplugin's kernel is captured, the choice waits
-        choice = adj._shared[key] = _cusparse_is_faster(adj, width, row_scale, col_scale, diag, ours)
+        choice = adj._shared[key] = _cusparse_is_faster(adj, width, row_scale, col_scale, diag, ours, sources)
     return choice
 
 
-def product(adj, x: Tensor, row_scale, col_scale, diag) -> Tensor:
+def product(adj, x: Tensor, row_scale, col_scale, diag, sources: tuple) -> Tensor:
     """``diag(r) (A + diag(d)) diag(c) x`` on cuSPARSE (differentiable in ``x``)."""
-    fold = folded(adj, row_scale, col_scale, diag)
+    fold = folded(adj, row_scale, col_scale, diag, sources)
     if torch.is_grad_enabled() and x.requires_grad:
         return _Product.apply(x, fold)
     return torch.sparse.mm(fold.matrix, x)
 
 
-def folded(adj, row_scale, col_scale, diag) -> Folded:
-    """The folded CSR of ``adj`` and its scales, kept with the adjacency (one, the last used) and
-    rebuilt when the scales are other tensors or any of them, or the edge values, was written in
-    place."""
-    sources = (row_scale, col_scale, diag)
-    versions = tuple(None if t is None else t._version for t in sources)
-    kept = adj._kept_for_values("cusparse_folded")
-    if kept is not None and all(a is b for a, b in zip(kept.sources[:3], sources)) and kept.sources[3] == versions:
+def folded(adj, row_scale, col_scale, diag, sources: tuple) -> Folded:
+    """The folded CSR of ``adj`` and its (checked) scales, kept with the adjacency under the
+    arguments the caller passed (``sources``: the same tensors, not rewritten in place, find it
+    again, though a float64 scale is cast anew each call), up to ``MAX_FOLDS``, the most recently
+    used; rebuilt after an in-place write to the edge values or to a scale."""
+    kept = _kept_fold(adj, sources)
+    if kept is not None:
         return kept
-    kept = _fold(adj, row_scale, col_scale, diag, (*sources, versions))
-    adj._keep_for_values("cusparse_folded", kept)
-    return kept
+    folds = adj._kept_for_values("cusparse_folds") or {}
+    fold = _fold(adj, row_scale, col_scale, diag, sources)
+    folds = {k: v for k, v in folds.items() if k != _fold_key(sources)}
+    folds[_fold_key(sources)] = fold
+    while len(folds) > MAX_FOLDS:
+        folds.pop(next(iter(folds)))
+    adj._keep_for_values("cusparse_folds", folds)
+    return fold
+
+
+def _kept_fold(adj, sources: tuple) -> Folded | None:
+    folds = adj._kept_for_values("cusparse_folds")
+    fold = None if folds is None else folds.get(_fold_key(sources))
+    if fold is None or not all(a is b for a, b in zip(fold.sources, sources)) or fold.versions != _versions(sources):
+        return None
+    return fold
+
+
+def _fold_key(sources: tuple) -> tuple:
+    return tuple(id(t) if isinstance(t, Tensor) else t for t in sources)
+
+
+def _versions(sources: tuple) -> tuple:
+    return tuple(t._version if isinstance(t, Tensor) else None for t in sources)
 
 
 class _Product(torch.autograd.Function):
@@ -125,7 +153,7 @@ def _applies(adj, x: Tensor, row_scale, col_scale, diag, forced: bool) -> bool:
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (adj.values, row_scale, col_scale, diag)):
         return False
-    return plain_eager(x)
+    return True
 
 
 def _max_work(device: torch.device) -> int:
@@ -133,22 +161,21 @@ def _max_work(device: torch.device) -> int:
 
 
 @torch.enable_grad()
-def _cusparse_is_faster(adj, width: int, row_scale, col_scale, diag, ours) -> bool:
+def _cusparse_is_faster(adj, width: int, row_scale, col_scale, diag, ours, sources: tuple) -> bool:
     """Times one forward product both ways at ``width`` columns, each as a training step calls
     it (recorded for autograd; autotune.cost_ms: in an eager step its host time counts too)."""
     gen = torch.Generator(adj.device).manual_seed(0)
     x = torch.randn(adj.shape[1], width, device=adj.device, generator=gen).requires_grad_()
     try:
         our_ms = autotune.cost_ms(lambda: ours(adj, x, row_scale, col_scale, diag, True), x.device, warm_up=True)
-        their_ms = autotune.cost_ms(lambda: product(adj, x, row_scale, col_scale, diag), x.device, warm_up=True,
-                                    stop_above=our_ms)
+        their_ms = autotune.cost_ms(lambda: product(adj, x, row_scale, col_scale, diag, sources), x.device,
+                                    warm_up=True, stop_above=our_ms)
+        faster = their_ms < our_ms * (1 - MIN_GAIN)
     except torch.cuda.OutOfMemoryError:  # the fold is a second copy of the graph: keep fgplugin's kernel
-        adj._keep_for_values("cusparse_folded", None)
         torch.cuda.empty_cache()
-        return False
-    faster = their_ms < our_ms * (1 - MIN_GAIN)
-    if not faster:
-        adj._keep_for_values("cusparse_folded", None)  # not needed at this width
+        faster = False
+    if not faster and not any(v is True for k, v in adj._shared.items() if k[0] == "cusparse"):
+        adj._keep_for_values("cusparse_folds", None)  # no width runs on cuSPARSE: no fold is needed
     return faster
 
 
@@ -174,7 +201,7 @@ def _fold(adj, row_scale, col_scale, diag, sources: tuple) -> Folded:
     matrix = _csr(rows, cols, values, (n_rows, n_cols))
     symmetric = adj.values is None and row_scale is col_scale and n_rows == n_cols and adj.is_symmetric
     transposed = matrix if symmetric else _csr(cols, rows, values, (n_cols, n_rows))
-    return Folded(matrix, transposed, sources)
+    return Folded(matrix, transposed, sources, _versions(sources))
 
 
 def _csr(rows: Tensor, cols: Tensor, values: Tensor, shape: tuple[int, int]) -> Tensor:

@@ -23,10 +23,10 @@ What capture needs, and what this does about it:
   aggregation (fgplugin.input_cache) is filled in the warm-up and read by the graph, its form
   (dense, or a mostly-zero input kept sparse: fgplugin.sparse_input) chosen by device time alone.
 - **Optimizers**: those with a ``capturable`` option (Adam, AdamW, ...) are switched to it, which
-  keeps their step counts on the GPU. Adam, AdamW and SGD left at torch's default implementation
+  keeps their step counts on the GPU. Adam and AdamW left at torch's default implementation
   (neither ``foreach`` nor ``fused`` given) are switched to their fused one: the same update in
   one kernel for all parameters instead of a dozen multi-tensor kernels, which in a replayed step
-  are kernel time, not hidden host time. A ``GradScaler`` (fp16) syncs on every step and cannot be
+  are kernel time, not hidden host time (where the capture fails, they are switched back). A ``GradScaler`` (fp16) syncs on every step and cannot be
   captured; bf16 autocast can (``autocast=torch.bfloat16``).
 - The ``warmup`` steps before the capture are real training steps on a side stream, as torch's
   whole-network capture recipe has them.
@@ -79,7 +79,7 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
             eager()
         return eager
     _make_capturable(optimizer)
-    _use_fused_kernel(optimizer)
+    fused = _use_fused_kernel(optimizer)
     skipping = set_row_skipping(False)  # the live rows of a gradient are found with a host sync
     try:
         side = torch.cuda.Stream(device)
@@ -96,6 +96,8 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
             optimizer.step()
     except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why
         _reset_generator_after_failed_capture(device)
+        for group in fused:  # the eager steps run the optimizer as the user made it
+            group["fused"] = None
         torch.cuda.synchronize(device)
         optimizer.zero_grad(set_to_none=True)
         _fall_back(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
@@ -143,25 +145,29 @@ def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
                 state["step"] = step.to(device=p.device, dtype=torch.float32)
 
 
-# Optimizers whose fused implementation runs on CUDA, with the update of their default one
-_FUSED_ON_CUDA = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+# Optimizers whose fused implementation runs on CUDA with the update of their default one, for
+# every gradient they take (SGD's fused kernel refuses sparse gradients, which its default takes)
+_FUSED_ON_CUDA = (torch.optim.Adam, torch.optim.AdamW)
 
 
-def _use_fused_kernel(optimizer: torch.optim.Optimizer) -> None:
-    """Switches the param groups of an Adam, AdamW or SGD left at torch's default implementation
-    (``foreach`` and ``fused`` both unset) to ``fused``. In eager training torch's default, the
-    multi-tensor ``foreach`` kernels, hides behind the host's launch time; a replayed step has no
-    host time, and Adam's multi-tensor kernels took ~95 us of a 401 us captured step (H100,
-    coauthor_cs) where the fused kernel does the same update in one. A choice the user made
-    (either option given, ``differentiable``, a parameter that is not a floating-point CUDA tensor)
-    is kept."""
+def _use_fused_kernel(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Switches the param groups of an Adam or AdamW left at torch's default implementation
+    (``foreach`` and ``fused`` both unset) to ``fused``, and returns the groups it switched. In
+    eager training torch's default, the multi-tensor ``foreach`` kernels, hides behind the host's
+    launch time; a replayed step has no host time, and Adam's multi-tensor kernels took ~95 us of a
+    401 us captured step (H100, coauthor_cs) where the fused kernel does the same update in one. A
+    choice the user made (either option given, ``differentiable``, a parameter that is not a
+    floating-point CUDA tensor) is kept."""
     if not isinstance(optimizer, _FUSED_ON_CUDA):
-        return
+        return []
+    switched = []
     for group in optimizer.param_groups:
         if (group.get("fused") is not None or group.get("foreach") is not None or group.get("differentiable")
                 or not all(p.is_cuda and p.is_floating_point() for p in group["params"])):
             continue
         group["fused"] = True
+        switched.append(group)
+    return switched
 
 
 _warned: set[str] = set()

@@ -323,9 +323,10 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     # The forward product needs the transpose only for a backward pass.
     with_transpose = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (x, adj.values, row_scale, col_scale, diag))
+    given = (row_scale, col_scale, diag)  # as passed: what a kept cuSPARSE fold is found by
     row_scale, col_scale, diag = checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
-    if settings.cusparse != "0" and cusparse.runs(adj, x, row_scale, col_scale, diag, checked_product):
-        return cusparse.product(adj, x, row_scale, col_scale, diag)
+    if settings.cusparse != "0" and cusparse.runs(adj, x, row_scale, col_scale, diag, checked_product, given):
+        return cusparse.product(adj, x, row_scale, col_scale, diag, given)
     return checked_product(adj, x, row_scale, col_scale, diag, with_transpose)
 
 

@@ -4,6 +4,7 @@ Forced on (``set_cusparse("1")``) the route runs on any device, so its products 
 checked against the float64 reference on the CPU too; on CUDA the probe's choice (per width, once)
 is obeyed and kept, and a captured step with a routed product replays the eager steps."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -120,6 +121,41 @@ def test_the_fold_follows_in_place_writes_and_new_scales(routed):
     assert len(routed) == 5
 
 
+@pytest.mark.parametrize("mode", ["auto", "1"])
+def test_torch_compile_traces_fgplugins_op_at_every_width(mode):
+    """Under torch.compile the route stays out of the way (it reads a context variable and host
+    state that Dynamo cannot trace): fullgraph compiles at 128 columns, as at 32."""
+    fgplugin.set_cusparse(mode)
+    case = clustered_case(12)
+    adj = case.adjacency(threshold="auto")
+    r, c, d = adj.norm("gcn", dtype=torch.float32)
+    for width in (32, 128):
+        x = torch.randn(case.shape[1], width)
+        compiled = torch.compile(lambda x: fgplugin.spmm(adj, x, r, c, d), fullgraph=True, backend="eager")
+        assert rel_error(compiled(x), dense_spmm(case.dense(), x, r, c, d)) <= 1e-5
+
+
+def test_a_fold_is_kept_per_set_of_scales_as_passed(monkeypatch):
+    """float64 scales (cast to float32 on every call) and two normalizations of one graph used in
+    turn (GCN and SAGE layers on one edge_index) find their folds again instead of rebuilding one
+    per call."""
+    fgplugin.set_cusparse("1")
+    folds = []
+    fold = cusparse._fold
+    monkeypatch.setattr(cusparse, "_fold", lambda *args: folds.append(1) or fold(*args))
+    case = random_graph_case(13, n_src=150)
+    adj = case.adjacency()
+    x = torch.randn(150, WIDTH)
+    for _ in range(3):
+        out = fgplugin.spmm(adj, x, *adj.norm("gcn"))  # float64 scales
+    assert len(folds) == 1 and rel_error(out, dense_spmm(case.dense(), x, *adj.norm("gcn"))) <= 1e-5
+    gcn, mean = adj.norm("gcn", dtype=torch.float32), adj.norm("mean", dtype=torch.float32)
+    for _ in range(3):
+        fgplugin.spmm(adj, x, *gcn)
+        fgplugin.spmm(adj, x, *mean)
+    assert len(folds) == 3
+
+
 def test_set_cusparse_checks_its_argument():
     assert fgplugin.set_cusparse("0") == "auto"
     assert fgplugin.set_cusparse(True) == "0"
@@ -208,3 +244,38 @@ def test_a_routed_product_is_captured_and_replays_the_eager_steps(monkeypatch, r
         ref_opt.step()
         expected.append(float(loss))
     assert losses == pytest.approx(expected[3:], rel=1e-4)
+
+
+@CUDA
+def test_two_normalizations_of_one_graph_are_captured(monkeypatch, routed):
+    """A GCN layer and a SAGE layer on one edge_index route two folds of one adjacency; both are
+    kept through the warm-up, so the capture finds them (a fold built during a capture would need
+    host syncs)."""
+    import fgplugin.pyg as fg
+    from fgplugin.graphed import GraphedStepWarning
+
+    monkeypatch.setattr(cusparse, "_cusparse_is_faster", lambda *args: True)
+    case = clustered_case(14, n_src=400)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(400, 72, generator=g).cuda()
+    y = torch.randint(0, 4, (400,), generator=g).cuda()
+    idx = torch.arange(0, 400, 5, device="cuda")
+    ei = case.edge_index.cuda()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gcn, self.sage, self.out = fg.GCNConv(72, 72), fg.SAGEConv(72, 72), fg.GCNConv(72, 4)
+
+        def forward(self, x, edge_index):
+            h = self.gcn(x.relu(), edge_index).relu()
+            return self.out(self.sage(h, edge_index).relu(), edge_index)
+
+    model = Net().cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphedStepWarning)
+        step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, ei)
+    assert isinstance(step.graph, torch.cuda.CUDAGraph) and routed.count(72) >= 2 * (3 + 1)
+    losses = [float(step()) for _ in range(20)]
+    assert losses[-1] < losses[0]

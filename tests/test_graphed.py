@@ -187,8 +187,25 @@ def test_a_loss_that_syncs_falls_back_to_eager_with_the_reason():
     with pytest.warns(GraphedStepWarning, match="runs eagerly"):
         step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[train], y[train]), x, edge_index)
     assert not hasattr(step, "graph")
+    assert opt.param_groups[0]["fused"] is None  # the fused switch is undone for the eager steps
     assert torch.randn(4, device="cuda").shape == (4,)
     first = float(step())
     for _ in range(10):
         last = float(step())
     assert last < first
+
+
+@CUDA
+def test_sgd_with_sparse_gradients_keeps_its_own_implementation():
+    """SGD is not switched to its fused kernel, which refuses the sparse gradients its default
+    takes (an Embedding(sparse=True)): the step trains, captured or eagerly."""
+    emb = torch.nn.Embedding(300, 16, sparse=True).cuda()
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+    idx = torch.randint(0, 300, (64,), device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GraphedStepWarning)  # the sparse backward may not capture
+        step = fgplugin.graphed_step(emb, opt, lambda out: out.square().sum(), idx)
+    before = emb.weight.detach().clone()
+    for _ in range(3):
+        step()
+    assert opt.param_groups[0]["fused"] is None and not torch.equal(emb.weight, before)
