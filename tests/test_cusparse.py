@@ -200,6 +200,16 @@ def test_the_real_probe_decides_once():
     assert isinstance(adj._shared[("cusparse", 128, True)], bool)  # a captured step's own
 
 
+def _routed_problem(monkeypatch, seed: int, features: int):
+    """A 400-node CUDA problem (x, y, training index, edge_index) whose products of 64-256 columns
+    the probe sends to cuSPARSE (its answer forced)."""
+    monkeypatch.setattr(cusparse, "_cusparse_is_faster", lambda *args: True)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(400, features, generator=g).cuda()
+    y = torch.randint(0, 4, (400,), generator=g).cuda()
+    return x, y, torch.arange(0, 400, 5, device="cuda"), clustered_case(seed, n_src=400).edge_index.cuda()
+
+
 @CUDA
 def test_a_routed_product_is_captured_and_replays_the_eager_steps(monkeypatch, routed):
     """graphed_step's warm-up makes the choice (the probe's answer forced here), the capture
@@ -207,13 +217,7 @@ def test_a_routed_product_is_captured_and_replays_the_eager_steps(monkeypatch, r
     reference on fgplugin's kernels, with the fused Adam the captured step switches to)."""
     import fgplugin.pyg as fg
 
-    monkeypatch.setattr(cusparse, "_cusparse_is_faster", lambda *args: True)
-    case = clustered_case(9, n_src=400)
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(400, 96, generator=g).cuda()
-    y = torch.randint(0, 4, (400,), generator=g).cuda()
-    idx = torch.arange(0, 400, 5, device="cuda")
-    ei = case.edge_index.cuda()
+    x, y, idx, ei = _routed_problem(monkeypatch, 9, 96)
 
     class Net(torch.nn.Module):  # the middle layer aggregates 72 columns every step
         def __init__(self):
@@ -254,13 +258,7 @@ def test_two_normalizations_of_one_graph_are_captured(monkeypatch, routed):
     import fgplugin.pyg as fg
     from fgplugin.graphed import GraphedStepWarning
 
-    monkeypatch.setattr(cusparse, "_cusparse_is_faster", lambda *args: True)
-    case = clustered_case(14, n_src=400)
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(400, 72, generator=g).cuda()
-    y = torch.randint(0, 4, (400,), generator=g).cuda()
-    idx = torch.arange(0, 400, 5, device="cuda")
-    ei = case.edge_index.cuda()
+    x, y, idx, ei = _routed_problem(monkeypatch, 14, 72)
 
     class Net(torch.nn.Module):
         def __init__(self):
