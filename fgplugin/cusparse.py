@@ -50,9 +50,7 @@ MIN_WIDTH, MAX_WIDTH = 64, 256
 # cuSPARSE must be this much faster to be chosen: a small graph's eager product is host-bound, and
 # one timing of its host time can be off by more than the two kernels differ
 MIN_GAIN = 0.05
-
-
-MAX_FOLDS = 4  # folds kept per adjacency, the most recently used: one per normalization in use
+MAX_FOLDS = 4  # folds kept per adjacency (one per normalization in use), the oldest dropped first
 
 
 class Folded(NamedTuple):
@@ -103,8 +101,8 @@ def product(adj, x: Tensor, row_scale, col_scale, diag, sources: tuple) -> Tenso
 def folded(adj, row_scale, col_scale, diag, sources: tuple) -> Folded:
     """The folded CSR of ``adj`` and its (checked) scales, kept with the adjacency under the
     arguments the caller passed (``sources``: the same tensors, not rewritten in place, find it
-    again, though a float64 scale is cast anew each call), up to ``MAX_FOLDS``, the most recently
-    used; rebuilt after an in-place write to the edge values or to a scale."""
+    again, though a float64 scale is cast anew each call), up to ``MAX_FOLDS``; rebuilt after an
+    in-place write to the edge values or to a scale."""
     kept = _kept_fold(adj, sources)
     if kept is not None:
         return kept
@@ -121,7 +119,8 @@ def folded(adj, row_scale, col_scale, diag, sources: tuple) -> Folded:
 def _kept_fold(adj, sources: tuple) -> Folded | None:
     folds = adj._kept_for_values("cusparse_folds")
     fold = None if folds is None else folds.get(_fold_key(sources))
-    if fold is None or not all(a is b for a, b in zip(fold.sources, sources)) or fold.versions != _versions(sources):
+    if fold is None or fold.versions != _versions(sources) or not all(
+            a is b if isinstance(a, Tensor) else a == b for a, b in zip(fold.sources, sources)):
         return None
     return fold
 
