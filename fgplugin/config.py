@@ -105,11 +105,7 @@ def set_sparse_input(mode) -> str:
     (fgplugin.sparse_input): ``"auto"`` (where a timed probe finds it faster), ``"0"`` / ``False``
     (never) or ``"1"`` / ``True`` (wherever it applies); returns the previous mode. Inputs the
     layers already keep stay as they are until their cache is refilled."""
-    checked = mode_of(mode)
-    if checked is None:
-        raise ValueError(f"set_sparse_input takes 'auto', '0' / False or '1' / True, got {mode!r}")
-    previous, settings.sparse_input = settings.sparse_input, checked
-    return previous
+    return _set_mode("sparse_input", mode, "set_sparse_input")
 
 
 def set_cusparse(mode) -> str:
@@ -117,10 +113,15 @@ def set_cusparse(mode) -> str:
     (fgplugin.cusparse): ``"auto"`` (for the widths where a timed probe finds it faster),
     ``"0"`` / ``False`` (never) or ``"1"`` / ``True`` (wherever it applies, on the CPU too: for
     tests); returns the previous mode. Choices made before stay with their adjacency."""
+    return _set_mode("cusparse", mode, "set_cusparse")
+
+
+def _set_mode(field: str, mode, setter: str) -> str:
     checked = mode_of(mode)
     if checked is None:
-        raise ValueError(f"set_cusparse takes 'auto', '0' / False or '1' / True, got {mode!r}")
-    previous, settings.cusparse = settings.cusparse, checked
+        raise ValueError(f"{setter} takes 'auto', '0' / False or '1' / True, got {mode!r}")
+    previous = getattr(settings, field)
+    setattr(settings, field, checked)
     return previous
 
 

@@ -68,11 +68,11 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag, ours, sources: tuple) -> bo
     scale arguments as the caller passed them) runs on cuSPARSE; ``ours(adj, x, row_scale,
     col_scale, diag, with_transpose)`` is fgplugin's product, which the first call at a width
     times against cuSPARSE's."""
-    if not plain_eager(x):  # first: torch.compile traces fgplugin's op, and nothing of this
-        return False
     width = x.shape[1]
     forced = settings.cusparse == "1"
-    if not MIN_WIDTH <= width <= MAX_WIDTH and not forced:
+    if not MIN_WIDTH <= width <= MAX_WIDTH and not forced:  # most calls end here, at no cost
+        return False
+    if not plain_eager(x):  # before anything torch.compile cannot trace: it runs fgplugin's op
         return False
     key = ("cusparse", width, autotune.in_captured_step())  # a captured step weighs device time alone
     choice = adj._shared.get(key)
@@ -147,16 +147,13 @@ class _Product(torch.autograd.Function):
 def _applies(adj, x: Tensor, row_scale, col_scale, diag, forced: bool) -> bool:
     if x.dtype != torch.float32 or torch.is_autocast_enabled(x.device.type):
         return False
-    if not forced and (not x.is_cuda or adj.threshold != "auto" or adj.nnz * x.shape[1] >= _max_work(x.device)):
+    too_large = adj.nnz * x.shape[1] >= grad_rows.MIN_WORK["cuda"]  # the zero-row skipping's products
+    if not forced and (not x.is_cuda or adj.threshold != "auto" or too_large):
         return False
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (adj.values, row_scale, col_scale, diag)):
         return False
     return True
-
-
-def _max_work(device: torch.device) -> int:
-    return grad_rows.MIN_WORK.get(device.type, grad_rows.MIN_WORK["cuda"])
 
 
 @torch.enable_grad()

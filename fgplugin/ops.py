@@ -420,7 +420,8 @@ def checked_inputs(adj, x, row_scale, col_scale, diag, name: str, adjoint: bool 
     aux = aux_dtype_for(x.dtype)
     if isinstance(diag, (int, float)):
         diag = None if diag == 0 else adj.constant_diag(float(diag), aux)
-    return (_as_aux(row_scale, "row_scale", n_rows, aux, x.device), _as_aux(col_scale, "col_scale", n_cols, aux, x.device),
+    return (_as_aux(row_scale, "row_scale", n_rows, aux, x.device),
+            _as_aux(col_scale, "col_scale", n_cols, aux, x.device),
             _as_aux(diag, "diag", min(n_rows, n_cols), aux, x.device))
 
 
