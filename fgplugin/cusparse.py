@@ -19,8 +19,10 @@ It applies where all of these hold, else fgplugin's kernel runs:
   outside autocast (16-bit products stay on fgplugin's kernels, which accumulate in float32);
 - no gradient wanted for the edge values, scales or diagonal (only ``x``'s: the transpose's
   product);
-- under ``grad_rows.MIN_WORK`` multiply-adds: the zero-row skipping never applies to such a
-  product, so its backward pass loses nothing by running the full transposed product;
+- at most ``MAX_NNZ`` non-zeros;
+- in the backward pass, a gradient whose zero rows fgplugin's zero-row skipping would leave out
+  (fgplugin.grad_rows: products of at least ``grad_rows.MIN_WORK`` multiply-adds) runs that
+  restricted product on fgplugin's kernel instead of the full transposed one on cuSPARSE;
 - plain eager mode, or a CUDA graph capture after the choice was made (fgplugin.graphed_step's
   warm-up makes it, timing device time alone, and keeps it apart from an eager step's choice);
   not under torch.compile, functorch transforms, tensor subclasses or torch function / dispatch
@@ -38,7 +40,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import autotune, grad_rows
+from . import autotune
 from ._csr import rows_of_edges
 from .config import settings
 from .eager import plain_eager
@@ -50,6 +52,11 @@ MIN_WIDTH, MAX_WIDTH = 64, 256
 # cuSPARSE must be this much faster to be chosen: a small graph's eager product is host-bound, and
 # one timing of its host time can be off by more than the two kernels differ
 MIN_GAIN = 0.05
+# Larger graphs are not timed: their fold is a second copy of the graph built by a sort (GBs at 100M
+# non-zeros), and on the 75-200M-edge graphs measured cuSPARSE was never 5% faster: 1.3-1.6x slower
+# on the same (reordered) order, within 0.98-1.16x of fgplugin's kernel on the original one
+# (docs/results.md section 4)
+MAX_NNZ = 1 << 24
 MAX_FOLDS = 4  # folds kept per adjacency (one per normalization in use), the oldest dropped first
 
 
@@ -90,11 +97,13 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag, ours, sources: tuple) -> bo
     return choice
 
 
-def product(adj, x: Tensor, row_scale, col_scale, diag, sources: tuple) -> Tensor:
-    """``diag(r) (A + diag(d)) diag(c) x`` on cuSPARSE (differentiable in ``x``)."""
+def product(adj, x: Tensor, row_scale, col_scale, diag, sources: tuple, restricted_adjoint=None) -> Tensor:
+    """``diag(r) (A + diag(d)) diag(c) x`` on cuSPARSE (differentiable in ``x``).
+    ``restricted_adjoint(g)``: the backward product over the non-zero rows of ``g`` where the
+    zero-row skipping applies, else ``None`` (then cuSPARSE runs the full transposed product)."""
     fold = folded(adj, row_scale, col_scale, diag, sources)
     if torch.is_grad_enabled() and x.requires_grad:
-        return _Product.apply(x, fold)
+        return _Product.apply(x, fold, restricted_adjoint)
     return torch.sparse.mm(fold.matrix, x)
 
 
@@ -135,20 +144,23 @@ def _versions(sources: tuple) -> tuple:
 
 class _Product(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, fold):
-        ctx.fold = fold
+    def forward(ctx, x, fold, restricted_adjoint):
+        ctx.fold, ctx.restricted_adjoint = fold, restricted_adjoint
         return torch.sparse.mm(fold.matrix, x)
 
     @staticmethod
     def backward(ctx, grad):
-        return torch.sparse.mm(ctx.fold.transposed, grad), None
+        if ctx.restricted_adjoint is not None:
+            grad_x = ctx.restricted_adjoint(grad)
+            if grad_x is not None:
+                return grad_x, None, None
+        return torch.sparse.mm(ctx.fold.transposed, grad), None, None
 
 
 def _applies(adj, x: Tensor, row_scale, col_scale, diag, forced: bool) -> bool:
     if x.dtype != torch.float32 or torch.is_autocast_enabled(x.device.type):
         return False
-    too_large = adj.nnz * x.shape[1] >= grad_rows.MIN_WORK["cuda"]  # the zero-row skipping's products
-    if not forced and (not x.is_cuda or adj.threshold != "auto" or too_large):
+    if not forced and (not x.is_cuda or adj.threshold != "auto" or adj.nnz > MAX_NNZ):
         return False
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (adj.values, row_scale, col_scale, diag)):

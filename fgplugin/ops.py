@@ -326,7 +326,8 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     given = (row_scale, col_scale, diag)  # as passed: what a kept cuSPARSE fold is found by
     row_scale, col_scale, diag = checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
     if settings.cusparse != "0" and cusparse.runs(adj, x, row_scale, col_scale, diag, checked_product, given):
-        return cusparse.product(adj, x, row_scale, col_scale, diag, given)
+        return cusparse.product(adj, x, row_scale, col_scale, diag, given,
+                                _restricted_adjoint(adj, row_scale, col_scale, diag, x.shape[1]))
     return checked_product(adj, x, row_scale, col_scale, diag, with_transpose)
 
 
@@ -335,6 +336,24 @@ def checked_product(adj: TiledAdjacency, x: torch.Tensor, row_scale, col_scale, 
     """:func:`spmm` on fgplugin's kernels, for arguments :func:`checked_inputs` returned."""
     args, features = _op_args_of_checked(adj, x, row_scale, col_scale, diag, with_transpose)
     return _cut(args.call(with_transpose), features)
+
+
+def _restricted_adjoint(adj: TiledAdjacency, row_scale, col_scale, diag, width: int):
+    """For a product run elsewhere (cuSPARSE), the backward product that :func:`input_grads` would
+    run with the zero-row skipping: ``g -> diag(c) (A^T + diag(d)) diag(r) g`` over the non-zero
+    rows of ``g`` where the skipping applies to it, else ``None``; ``None`` itself for a product
+    too small for the skipping ever to apply (checked arguments, ``width`` columns)."""
+    if adj.nnz * width < grad_rows.MIN_WORK.get(adj.device.type, grad_rows.MIN_WORK["cuda"]):
+        return None
+
+    def product(g: torch.Tensor) -> torch.Tensor | None:
+        t_rowptr, t_col, t_values, t_plan = _adjacency_args(adj, g.dtype, True)[5:9]
+        restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, t_plan is not None)
+        if restricted is None:
+            return None
+        return csr_product(*restricted[:3], g, col_scale, row_scale, diag, restricted[3])
+
+    return product
 
 
 def spmm_adjoint(adj: TiledAdjacency, g: torch.Tensor, row_scale=None, col_scale=None, diag=None) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import fgplugin
-from fgplugin import autotune, cusparse
+from fgplugin import autotune, cusparse, grad_rows
 from fgplugin.testing import clustered_case, dense_spmm, graph_cases, random_graph_case, rel_error
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -156,6 +156,32 @@ def test_a_fold_is_kept_per_set_of_scales_as_passed(monkeypatch):
     assert len(folds) == 3
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("live_fraction", [0.1, 1.0])
+def test_a_routed_products_backward_skips_zero_rows_as_fgplugins_does(device, live_fraction, monkeypatch, routed):
+    """Over the zero-row skipping's size floor a product may run on cuSPARSE too: a row-sparse
+    gradient (a masked loss's) then runs the restricted backward product on fgplugin's kernel, a
+    dense one the transposed product on cuSPARSE; both as the float64 reference."""
+    fgplugin.set_cusparse("1")
+    monkeypatch.setattr(grad_rows, "MIN_WORK", {"cuda": 0, "cpu": 0})
+    skipping = fgplugin.set_row_skipping(True)
+    try:
+        case = random_graph_case(17, n_src=300, avg_degree=10.0)
+        adj = case.adjacency().to(device)
+        r, c, d = adj.norm("gcn", dtype=torch.float32)
+        x = torch.randn(300, WIDTH, device=device, requires_grad=True)
+        g = torch.randn(300, WIDTH, device=device)
+        g[torch.rand(300, device=device) >= live_fraction] = 0
+        out = fgplugin.spmm(adj, x, r, c, d)
+        out.backward(g)
+        assert routed == [WIDTH]
+        assert rel_error(x.grad, dense_spmm(case.dense().t(), g, c, r, d)) <= 1e-5
+        builds = grad_rows.stats(adj.transpose()[1])["builds"]
+        assert builds == (1 if live_fraction < grad_rows.MAX_LIVE_FRACTION else 0)
+    finally:
+        fgplugin.set_row_skipping(skipping)
+
+
 def test_set_cusparse_checks_its_argument():
     assert fgplugin.set_cusparse("0") == "auto"
     assert fgplugin.set_cusparse(True) == "0"
@@ -186,6 +212,18 @@ def test_the_probes_choice_is_obeyed_and_kept_per_width(faster, monkeypatch, rou
     fixed = adj.with_tiles(threshold=0.05)  # a fixed threshold asks for fgplugin's kernel
     fgplugin.spmm(fixed, torch.randn(case.shape[1], 128, device="cuda"), r, c, d)
     assert len(routed) == (3 if faster else 0)
+
+
+@CUDA
+def test_graphs_over_the_size_cap_are_never_timed(monkeypatch, routed):
+    monkeypatch.setattr(cusparse, "_cusparse_is_faster", lambda *args: pytest.fail("timed a graph over MAX_NNZ"))
+    case = clustered_case(9)
+    adj = case.adjacency(threshold="auto").to("cuda")
+    monkeypatch.setattr(cusparse, "MAX_NNZ", adj.nnz - 1)
+    x = torch.randn(case.shape[1], 128, device="cuda")
+    r, c, d = adj.norm("gcn", dtype=torch.float32)
+    assert rel_error(fgplugin.spmm(adj, x, r, c, d), dense_spmm(case.dense(), x, r, c, d)) <= 1e-5
+    assert routed == []
 
 
 @CUDA
