@@ -43,9 +43,12 @@ def dtype_class(dtype: torch.dtype) -> str:
 
 @torch.no_grad()
 def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, candidates=CANDIDATES,
-                     reps: int = 5) -> dict[float, float]:
+                     reps: int = 5, fastest_plan: dict | None = None) -> dict[float, float]:
     """Median forward SpMM time (ms) of the candidate thresholds on ``adj``'s device (CUDA) that
-    the probe's walk (:func:`search_groups`) reached."""
+    the probe's walk (:func:`search_groups`) reached; ``{}`` where every candidate makes the same
+    plan (no tile dense enough for any: most graphs in their original order), which is then not
+    built or timed here. ``fastest_plan``, if given, receives ``{threshold: plan}`` of the fastest
+    plan timed, so that the caller can keep it instead of building it again."""
     tile_size, device = adj.tile_size, adj.device
     n_rows, n_cols = adj.shape
     gen = torch.Generator(device=device).manual_seed(1234)
@@ -72,9 +75,19 @@ def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, c
         # 11-84 ms (H100, h100/epoch_real_graphed.json).
         batch = batch_for(time_runs(run, 1))
         samples = [time_runs(run, batch) for _ in range(reps)]
-        return sorted(samples)[len(samples) // 2]
+        ms = sorted(samples)[len(samples) // 2]
+        if fastest_plan is not None and ms < min(timed, default=float("inf")):
+            fastest_plan.clear()
+            fastest_plan[thr] = plan
+        timed.append(ms)
+        return ms
 
-    return search_groups(plan_groups(counts, adj.nnz, candidates, tile_size), time_group)
+    timed: list[float] = []
+
+    groups = plan_groups(counts, adj.nnz, candidates, tile_size)
+    if len(groups) == 1:  # every candidate makes the same plan: nothing to choose, nothing timed
+        return {}
+    return search_groups(groups, time_group)
 
 
 def search_groups(groups: list[list[float]], time_group) -> dict[float, float]:
@@ -140,13 +153,16 @@ def time_runs(run, n: int) -> float:
 
 def choose_threshold(adj, dtype: torch.dtype = torch.float32, *, candidates=CANDIDATES, F: int = 128) -> dict:
     """The probe's fastest threshold for ``adj`` and features of ``dtype``, with every candidate's
-    time: ``{"threshold": float, "times_ms": {threshold: ms}}``. Off CUDA (nothing to time) the
-    default threshold and no times."""
+    time and the chosen plan of A if the probe built it (else ``None``): ``{"threshold": float,
+    "times_ms": {threshold: ms}, "plan": KernelPlan | None}``. Off CUDA (nothing to time) the
+    default threshold, no times and no plan."""
     if adj.device.type != "cuda":
-        return {"threshold": DEFAULT_THRESHOLD, "times_ms": {}}
+        return {"threshold": DEFAULT_THRESHOLD, "times_ms": {}, "plan": None}
     probe_dtype = dtype if dtype_class(dtype) == "16bit" else torch.float32
-    times = probe_thresholds(adj, F=F, dtype=probe_dtype, candidates=candidates)
-    return {"threshold": fastest(times), "times_ms": times}
+    plans: dict = {}
+    times = probe_thresholds(adj, F=F, dtype=probe_dtype, candidates=candidates, fastest_plan=plans)
+    threshold = fastest(times) if times else max(candidates)
+    return {"threshold": threshold, "times_ms": times, "plan": plans.get(threshold)}
 
 
 def fastest(times: dict[float, float]) -> float:

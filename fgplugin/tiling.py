@@ -382,7 +382,7 @@ class TiledAdjacency:
             if t_rowptr is self.rowptr and t_col is self.col:
                 transpose = False  # structurally symmetric: A^T's CSR is A's, and so is its plan
         weighted = self.values is not None
-        key = ("kernel_plan", transpose, self.tile_size, threshold, weighted, self.device)
+        key = self._plan_key(transpose, threshold, weighted)
         plan = self._shared.get(key)
         if plan is None and not torch.compiler.is_compiling():
             rowptr, col = (self.transpose()[:2]) if transpose else (self.rowptr, self.col)
@@ -391,9 +391,12 @@ class TiledAdjacency:
                                                          tile_size=self.tile_size, weighted=weighted)
         return plan
 
+    def _plan_key(self, transpose: bool, threshold: float, weighted: bool) -> tuple:
+        return ("kernel_plan", transpose, self.tile_size, float(threshold), weighted, self.device)
+
     def cached_kernel_plan(self, threshold: float, weighted: bool) -> KernelPlan | None:
         """A plan of A at ``threshold`` built before (for the threshold probe), or ``None``."""
-        return self._shared.get(("kernel_plan", False, self.tile_size, float(threshold), weighted, self.device))
+        return self._shared.get(self._plan_key(False, threshold, weighted))
 
     def resolved_threshold(self, dtype: torch.dtype = torch.float32) -> float | None:
         """The numeric threshold the kernel plans use for features of ``dtype``: the fixed one, or
@@ -406,7 +409,11 @@ class TiledAdjacency:
         if chosen is None:
             if torch.compiler.is_compiling():
                 return None
-            chosen = self._shared[key] = autotune.choose_threshold(self, dtype)
+            chosen = autotune.choose_threshold(self, dtype)
+            plan = chosen.pop("plan")
+            if plan is not None:  # the probe's plan of the choice: kept, not built again
+                self._shared.setdefault(self._plan_key(False, chosen["threshold"], self.values is not None), plan)
+            self._shared[key] = chosen
         return chosen["threshold"]
 
     def prepare(self, dtype: torch.dtype = torch.float32, *, transpose: bool = True) -> float | None:

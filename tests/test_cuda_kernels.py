@@ -364,12 +364,36 @@ def test_auto_threshold_probe():
     assert {k[1] for k in fresh._shared if k[0] == "kernel_plan" and k[3] == chosen} == {False, True} \
         or fresh.is_symmetric
     assert fresh.prepare(torch.float64) is None  # float64 runs the plain CSR kernel
-    # No tile above the lowest candidate: every candidate is the same plan, timed once, and the
-    # choice is 1.0 (no dense tiles).
+    # No tile above the lowest candidate: every candidate is the same plan, nothing is timed, and
+    # the choice is 1.0 (no dense tiles).
     scattered = _adj(random_graph_case(3, n_src=5000, avg_degree=5)).to("cuda")
-    times = probe_thresholds(scattered)
-    assert set(times) == set(CANDIDATES) and len(set(times.values())) == 1
-    assert choose_threshold(scattered)["threshold"] == 1.0
+    assert probe_thresholds(scattered) == {}
+    assert choose_threshold(scattered) == {"threshold": 1.0, "times_ms": {}}
+
+
+@requires_kernel
+def test_the_probe_keeps_the_plan_it_chose(monkeypatch):
+    """The plan of the chosen threshold that the probe built and timed is the one the products
+    run, not built a second time; a graph whose candidates all make one plan is not timed."""
+    from fgplugin import autotune
+
+    built = []
+
+    def counting(*args, **kwargs):
+        built.append(build_kernel_plan(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(autotune, "build_kernel_plan", counting)
+    auto = _adj(clustered_case(4, n_src=2000, max_hub_edges=900)).to("cuda").with_tiles(threshold="auto")
+    chosen = auto.resolved_threshold(torch.float32)
+    times = auto._shared[("auto_threshold", auto.tile_size, auto.device, "fp32")]["times_ms"]
+    assert len(built) >= 2  # this graph has dense tiles to weigh
+    if min(times.values()) == times[chosen]:  # the fastest was chosen (not overruled by MIN_DENSE_GAIN)
+        assert any(auto.kernel_plan(torch.float32) is plan for plan in built)
+    built.clear()
+    scattered = _adj(random_graph_case(3, n_src=5000, avg_degree=5)).to("cuda").with_tiles(threshold="auto")
+    assert scattered.resolved_threshold(torch.float32) == 1.0 and built == []
+    assert scattered.kernel_plan(torch.float32) is not None
 
 
 @requires_kernel
