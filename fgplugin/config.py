@@ -30,7 +30,7 @@ VARIABLES = (
     Variable("FGPLUGIN_BLOCK_ADAPTIVE", "1", "`0`: run every CUDA product on the plain CSR kernel (no dense tiles)"),
     Variable("FGPLUGIN_NO_WGMMA", "0",
              "`1`: dense tiles on H100/H200 use the `mma.sync` kernel instead of the `wgmma` one "
-             "(`set_wgmma`)"),
+             "(`fgplugin.config.set_wgmma`)"),
     Variable("FGPLUGIN_INPUT_CACHE", "1",
              "`0`: layers never keep the aggregation of a constant input (`fgplugin.set_input_cache`)"),
     Variable("FGPLUGIN_SPARSE_INPUT", "auto",
