@@ -146,7 +146,11 @@ def _kept(graph, x: Tensor, hops: int, owner, settings: tuple, node_dim: int,
         kept = sparse_input.keep(graph, x, weight.shape[1], hops) if may_be_sparse else None
         return _propagate(graph, x, hops, node_dim) if kept is None else kept
 
-    return input_cache.of(owner).get(x, (*graph.key, hops, node_dim, may_be_sparse, *settings), nbytes, keep)
+    # under autocast the aggregation is kept in the autocast dtype: a call in another precision
+    # (a float32 evaluation after bf16 training) must not reuse it
+    precision = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
+    return input_cache.of(owner).get(x, (*graph.key, hops, node_dim, may_be_sparse, precision, *settings), nbytes,
+                                     keep)
 
 
 def _aggregate_transformed(graph, x: Tensor, weight: Tensor, bias: Tensor | None, hops: int,

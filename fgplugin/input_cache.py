@@ -100,7 +100,7 @@ class InputCache:
         may be reused in this call (as for :meth:`get`: not under torch.compile, which would bake
         in the version check's answer, nor for an ``x`` that needs a gradient), else ``None``: a
         layer's other product with the same input (SAGE's root weight) may use it."""
-        if self._key is None or not _reusable(x, ()):
+        if self._key is None or not _context_allows() or not _reusable(x, ()):
             return None
         return self._value if self._key.is_of(x) else None
 
@@ -111,6 +111,8 @@ class InputCache:
         ``deps`` lists everything besides ``x`` that the aggregation reads (graph, edge values,
         normalization settings). Do not modify the returned tensor: later calls return it again.
         """
+        if not _context_allows():  # this call only: what is kept stays for the calls it fits
+            return None
         if not _reusable(x, deps):
             self.clear()
             return None
@@ -159,15 +161,22 @@ def of(module: torch.nn.Module) -> InputCache:
     return cache
 
 
-def _reusable(x, deps: tuple) -> bool:
+def _context_allows() -> bool:
+    """Whether this call's context lets the cache be used at all (compiling, inference mode,
+    functorch transforms and the switch say no: a call there runs as without the cache and leaves
+    it as it is; an evaluation under ``torch.inference_mode()`` between training steps must not
+    drop what the training steps keep)."""
     if torch.compiler.is_compiling():  # first: what follows is not traced
         return False
-    # x needing a gradient (every layer but the first, in training) is the common answer: next
+    return settings.input_cache and not torch.is_inference_mode_enabled() and \
+        not torch._C._are_functorch_transforms_active()  # torch.func.grad / vmap
+
+
+def _reusable(x, deps: tuple) -> bool:
+    """Whether ``x`` and ``deps`` can be a kept aggregation's inputs (else the cache is dropped:
+    the layer's input is no longer the constant one)."""
+    # x needing a gradient (every layer but the first, in training) is the common answer: first
     if not isinstance(x, Tensor) or x.requires_grad or x.layout != torch.strided or x.is_inference():
-        return False
-    if not settings.input_cache or torch.is_inference_mode_enabled():
-        return False
-    if torch._C._are_functorch_transforms_active():  # torch.func.grad / vmap
         return False
     return not any(isinstance(t, Tensor) and (t.requires_grad or t.is_inference()) for t in deps)
 

@@ -159,6 +159,43 @@ def test_switch_inference_mode_and_memory_cap(spmm_calls, monkeypatch):
     assert not input_cache.of(ours).holds
 
 
+def test_evaluation_in_inference_mode_keeps_the_training_aggregation(spmm_calls):
+    """An evaluation under torch.inference_mode() between training steps runs without the cache
+    and leaves what the training steps keep (a captured step reads it: dropping it would free
+    memory the CUDA graph still reads)."""
+    ei, n = graph()
+    stock, ours = pair("gcn-wide-in")
+    x = torch.randn(n, 16)
+    ours(x, ei)
+    ours(x, ei)
+    kept = input_cache.of(ours).value
+    assert kept is not None
+    with torch.inference_mode():
+        assert rel_err(ours(x, ei), stock(x, ei)) <= TOL
+    assert input_cache.of(ours).value is kept
+    calls = len(spmm_calls)
+    ours(x, ei).sum().backward()
+    assert len(spmm_calls) == calls  # the training step still reads the kept aggregation
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_an_aggregation_kept_under_autocast_serves_only_that_precision(dtype):
+    """Kept under autocast it is a 16-bit tensor: a float32 call (evaluation after mixed-precision
+    training) computes its own, in float32, and the 16-bit calls keep theirs."""
+    ei, n = graph()
+    stock, ours = pair("gcn-wide-in")
+    x = torch.randn(n, 16)
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=dtype):
+            low = ours(x, ei)
+    assert low.dtype == dtype and input_cache.of(ours).value.dtype == dtype
+    for _ in range(2):
+        out = ours(x, ei)
+        assert out.dtype == torch.float32 and rel_err(out, stock(x, ei)) <= TOL
+    with torch.autocast("cpu", dtype=dtype):
+        assert ours(x, ei).dtype == dtype
+
+
 def test_freeing_the_input_frees_its_aggregation():
     ei, n = graph()
     _, ours = pair("gcn-wide-in")
