@@ -55,6 +55,8 @@ def aggregation_of(graph: Graph, values: Tensor | None, norm: NormSpec, values_s
     adj = weighted(graph, values)
     if adj is None:
         return None
+    if graph.kind == "tiled" and values is None:  # its own weights: a write to them changes the key
+        values_source = graph.adj.values
     key = (graph.adj, values if values_source is None else values_source, norm, dtype)
     if norm.kind == "gcn":
         return Aggregation(adj, gcn_scales(graph, adj, values, norm.improved, norm.add_self_loops, dtype), key)
