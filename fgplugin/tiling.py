@@ -9,6 +9,7 @@ threshold choice, the CUDA kernel plans) is built once and kept on the adjacency
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,14 @@ from .kernel_plan import KernelPlan, block_adaptive_available, build_kernel_plan
 from .normalization import normalization
 from .tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
 from .validation import check_csr, check_edge_index, check_edge_values, check_perm, check_tile_options
+
+MAX_CONSTANT_DIAGS = 4  # float diagonals kept per dtype (constant_diag)
+MAX_WEIGHTED_COPIES = 4  # copies with_values keeps per adjacency (one per set of weights in use)
+
+
+def _capturing(t) -> bool:
+    """Whether ``t`` is a CUDA tensor and its device's current stream is capturing a CUDA graph."""
+    return isinstance(t, torch.Tensor) and t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 @dataclass
@@ -169,14 +178,40 @@ class TiledAdjacency:
     def with_values(self, edge_values) -> "TiledAdjacency":
         """The same structure (and kernel plans) with new edge weights, or ``None`` for unit
         weights. Differentiable. The weights come in the order of the edge list this adjacency was
-        built from (``from_edge_index``), or in CSR order when it was built from CSR or scipy. The
-        finite-value check is skipped under torch.compile, where it would need a host sync."""
-        if edge_values is not None:
-            edge_values = check_edge_values(edge_values, self.nnz, "edge values", self.device,
-                                            check_finite=not torch.compiler.is_compiling())
-            if self.edge_perm is not None:
-                edge_values = edge_values[self.edge_perm.long()]
-        return self._copy(values=edge_values)
+        built from (``from_edge_index``), or in CSR order when it was built from CSR or scipy.
+
+        Weights that need no gradient give the same copy again while they are the same tensor,
+        unchanged (its ``_version``), so that a layer called with them every step keeps what the
+        copy caches (its normalization, the op's arguments, a cuSPARSE fold) and checks them once.
+        The finite-value check needs a host sync: it is skipped under torch.compile and inside a
+        CUDA graph capture (the warm-up steps before a capture check the same weights)."""
+        if edge_values is None:
+            return self._copy(values=None)
+        memo = self._cache.setdefault("with_values", {}) if self._memoizable(edge_values) else None
+        if memo is not None:
+            kept = memo.get(id(edge_values))
+            # the weights unchanged, and the copy's own values too (they may be a copy of them)
+            if kept is not None and kept[0]() is edge_values and kept[1] == (edge_values._version,
+                                                                            kept[2].values._version):
+                return kept[2]
+        source = edge_values
+        edge_values = check_edge_values(edge_values, self.nnz, "edge values", self.device,
+                                        check_finite=not (torch.compiler.is_compiling() or _capturing(edge_values)))
+        if self.edge_perm is not None:
+            edge_values = edge_values[self.edge_perm.long()]
+        copy = self._copy(values=edge_values)
+        if memo is not None:
+            memo.pop(id(source), None)
+            memo[id(source)] = (weakref.ref(source), (source._version, copy.values._version), copy)
+            while len(memo) > MAX_WEIGHTED_COPIES:
+                memo.pop(next(iter(memo)))
+        return copy
+
+    @staticmethod
+    def _memoizable(edge_values) -> bool:
+        # weights that need a gradient are indexed into each step's autograd graph: never reused
+        return isinstance(edge_values, torch.Tensor) and not edge_values.requires_grad \
+            and not torch.compiler.is_compiling() and not edge_values.is_inference()
 
     def with_tiles(self, tile_size=None, threshold=None) -> "TiledAdjacency":
         """The same graph with another tile size or density threshold."""
@@ -313,12 +348,15 @@ class TiledAdjacency:
 
     def constant_diag(self, value: float, dtype: torch.dtype) -> torch.Tensor:
         """A cached [min(n_rows, n_cols)] vector filled with ``value`` (so a float ``diag`` costs
-        no allocation per training step)."""
-        key = ("diag", value, dtype)
-        cached = self._shared.get(key)
+        no allocation per training step); the ``MAX_CONSTANT_DIAGS`` values used last are kept
+        per dtype (a self-loop weight that changes every step must not hold a vector per value)."""
+        kept = self._shared.setdefault(("diag", dtype), {})
+        cached = kept.pop(value, None)
         if cached is None:
             cached = torch.full((min(self.shape),), value, dtype=dtype, device=self.device)
-            self._shared[key] = cached
+        kept[value] = cached  # the most recently used last
+        while len(kept) > MAX_CONSTANT_DIAGS:
+            kept.pop(next(iter(kept)))
         return cached
 
     def transposed_values(self, values: torch.Tensor) -> torch.Tensor:

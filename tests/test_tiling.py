@@ -201,6 +201,45 @@ def test_norm_is_cached_unless_values_need_grad():
     assert weighted._shared is adj._shared
 
 
+def test_with_values_gives_the_same_copy_for_the_same_unchanged_weights(monkeypatch):
+    """So that a layer called with the same edge weights every step keeps what the copy caches
+    (normalization, op arguments) and checks the weights once."""
+    case = CASES["self_loops"]
+    adj = TiledAdjacency.from_edge_index(case.edge_index, case.shape[1])
+    w = torch.rand(adj.nnz) + 0.5
+    first = adj.with_values(w)
+    assert adj.with_values(w) is first and first.norm("gcn") is adj.with_values(w).norm("gcn")
+    with torch.no_grad():
+        w.mul_(2.0)  # written in place: a new copy with the new weights
+    second = adj.with_values(w)
+    assert second is not first and torch.equal(second.values.sort().values, (w.sort().values))
+    with torch.no_grad():
+        second.values.mul_(3.0)  # the copy's own values written: not handed out again
+    assert adj.with_values(w) is not second
+    trained = w.clone().requires_grad_()  # weights that need a gradient: a copy per call
+    assert adj.with_values(trained) is not adj.with_values(trained)
+    bad = torch.full((adj.nnz,), float("nan"))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        adj.with_values(bad)
+    monkeypatch.setattr(fgplugin.tiling, "_capturing", lambda t: True)  # inside a CUDA graph capture
+    assert torch.isnan(adj.with_values(bad).values).all()  # no host sync for the check there
+
+
+def test_float_diagonals_kept_are_bounded():
+    """A float diag is kept as a vector per value (no allocation per step), only the last few: a
+    self-loop weight that changes every step must not hold one per value."""
+    from fgplugin.tiling import MAX_CONSTANT_DIAGS
+
+    case = CASES["self_loops"]
+    adj = case.adjacency()
+    x = torch.randn(case.shape[1], 3)
+    for step in range(10):
+        out = fgplugin.spmm(adj, x, diag=0.1 * (step + 1))
+    assert len(adj._shared[("diag", torch.float32)]) == MAX_CONSTANT_DIAGS
+    d = torch.full((min(case.shape),), 1.0)
+    assert rel_error(out, dense_spmm(case.dense(), x, None, None, d)) <= 1e-5
+
+
 # ---------------------------------------------------------------- every bad input, its error
 EDGES = torch.tensor([[0, 1, 2], [1, 2, 0]])
 
