@@ -25,6 +25,16 @@ MAX_CONSTANT_DIAGS = 4  # float diagonals kept per dtype (constant_diag)
 MAX_WEIGHTED_COPIES = 4  # copies with_values keeps per adjacency (one per set of weights in use)
 
 
+def _forget_in(memo: dict, key: int):
+    """A weak reference callback that drops ``memo[key]`` when its object dies (unless the entry
+    was replaced since): a copy made for temporary weights must not outlive them."""
+    def forget(ref):
+        entry = memo.get(key)
+        if entry is not None and entry[0] is ref:
+            del memo[key]
+    return forget
+
+
 def _capturing(t) -> bool:
     """Whether ``t`` is a CUDA tensor and its device's current stream is capturing a CUDA graph."""
     return isinstance(t, torch.Tensor) and t.is_cuda and torch.cuda.is_current_stream_capturing()
@@ -202,7 +212,8 @@ class TiledAdjacency:
         copy = self._copy(values=edge_values)
         if memo is not None:
             memo.pop(id(source), None)
-            memo[id(source)] = (weakref.ref(source), (source._version, copy.values._version), copy)
+            memo[id(source)] = (weakref.ref(source, _forget_in(memo, id(source))),
+                                (source._version, copy.values._version), copy)
             while len(memo) > MAX_WEIGHTED_COPIES:
                 memo.pop(next(iter(memo)))
         return copy

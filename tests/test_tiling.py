@@ -216,6 +216,11 @@ def test_with_values_gives_the_same_copy_for_the_same_unchanged_weights(monkeypa
     with torch.no_grad():
         second.values.mul_(3.0)  # the copy's own values written: not handed out again
     assert adj.with_values(w) is not second
+    temporary = w.clone()
+    adj.with_values(temporary)
+    count = len(adj._cache["with_values"])
+    del temporary  # a copy made for weights that are gone is dropped with them
+    assert len(adj._cache["with_values"]) == count - 1
     trained = w.clone().requires_grad_()  # weights that need a gradient: a copy per call
     assert adj.with_values(trained) is not adj.with_values(trained)
     bad = torch.full((adj.nnz,), float("nan"))
