@@ -16,6 +16,14 @@ What capture needs, and what this does about it:
 
 - **Fixed inputs.** The graph reads ``inputs`` at the addresses they had when captured: change
   the data by copying into them in place (``data.x.copy_(...)``), not by passing new tensors.
+  The step notices an in-place change (a tensor's ``_version``, a ``TiledAdjacency``'s edge
+  values) and captures itself again, without training; from then on the first layer computes its
+  aggregation in every replay instead of reading the kept one (see below).
+- **Hyperparameters.** An Adam or AdamW whose update reads its learning rate from the GPU
+  (``capturable`` or ``fused``, as below) gets ``lr`` as a one-element CUDA tensor, which
+  learning-rate schedulers update in place, so replays follow them. Any other change to a param
+  group (another optimizer's ``lr``, weight decay, betas, ``add_param_group``, an
+  ``optimizer.load_state_dict``) makes the next step capture itself again.
 - **No host sync in the step.** A boolean mask index (``out[mask]``) has a data-dependent size:
   index with ``mask.nonzero()`` computed once, as above. fgplugin's zero-row skipping
   (fgplugin.grad_rows) finds the live rows of a gradient on the host, so it is off while the
@@ -30,6 +38,10 @@ What capture needs, and what this does about it:
   captured; bf16 autocast can (``autocast=torch.bfloat16``).
 - The ``warmup`` steps before the capture are real training steps on a side stream, as torch's
   whole-network capture recipe has them.
+- ``before_step``: a callable run after the backward pass and before ``optimizer.step()``, inside
+  the capture too (gradient clipping: ``lambda: torch.nn.utils.clip_grad_norm_(params, 1.0)``).
+- The step returns a new tensor holding the loss each time (a copy of the graph's own, which the
+  next replay overwrites).
 
 Where capture is impossible (no CUDA device, a model that syncs, an op that cannot be captured)
 the step runs eagerly and fgplugin warns once, saying why.
@@ -50,12 +62,14 @@ class GraphedStepWarning(RuntimeWarning):
 
 
 def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable, *inputs,
-                 warmup: int = 3, autocast: torch.dtype | None = None) -> Callable[[], torch.Tensor]:
+                 warmup: int = 3, autocast: torch.dtype | None = None,
+                 before_step: Callable[[], object] | None = None) -> Callable[[], torch.Tensor]:
     """A function running one training step of ``model`` (``optimizer.zero_grad()``,
-    ``loss_fn(model(*inputs)).backward()``, ``optimizer.step()``) that returns the loss tensor,
-    captured as one CUDA graph (see the module doc for what that requires); eager, with one
-    warning, where it cannot be. ``warmup`` steps run first, captured or not (they train, too).
-    ``autocast``: a dtype (``torch.bfloat16``) to run the forward under ``torch.autocast`` in."""
+    ``loss_fn(model(*inputs)).backward()``, ``before_step()`` if given, ``optimizer.step()``) that
+    returns the loss (a detached tensor), captured as one CUDA graph (see the module doc for what
+    that requires); eager, with one warning, where it cannot be. ``warmup`` steps run first,
+    captured or not (they train, too). ``autocast``: a dtype (``torch.bfloat16``) to run the
+    forward under ``torch.autocast`` in."""
     if warmup < 1:
         raise ValueError(f"warmup must be at least 1 (the capture needs the step run once), got {warmup}")
     device = _device_of(model, inputs)
@@ -66,21 +80,53 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
         with torch.autocast(device.type, dtype=autocast):
             return model(*inputs)
 
-    def eager() -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
+    def train() -> torch.Tensor:
         loss = loss_fn(forward())
         loss.backward()
+        if before_step is not None:
+            before_step()
         optimizer.step()
-        return loss
+        return loss.detach()
+
+    def eager() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        return train()
 
     if device is None or device.type != "cuda":
         _fall_back(f"CUDA graphs need the model and inputs on a CUDA device, not {device}")
         for _ in range(warmup):  # the same training as a captured step's
             eager()
         return eager
-    _make_capturable(optimizer)
-    fused = _use_fused_kernel(optimizer)
-    skipping = set_row_skipping(False)  # the live rows of a gradient are found with a host sync
+    fused, tensor_lrs = [], []  # the param groups switched here, switched back for eager steps
+
+    def prepare_optimizer() -> None:  # again before a capture: load_state_dict makes new groups
+        _make_capturable(optimizer)
+        fused.extend(_use_fused_kernel(optimizer))
+        tensor_lrs.extend(_lr_on_device(optimizer))
+
+    def capture() -> _Captured | None:
+        """Captures the step (the warm-up done), or returns ``None`` after restoring the
+        optimizer where the capture fails (then the step runs eagerly, and says why)."""
+        skipping = set_row_skipping(False)  # the live rows of a gradient are found with a host sync
+        try:
+            prepare_optimizer()
+            graph = torch.cuda.CUDAGraph()
+            optimizer.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph), autotune.for_captured_step():  # the warm-up's kernel choices
+                static_loss = train()
+            return _Captured(graph, static_loss, _kept_inputs(model), _fingerprint(optimizer, inputs))
+        except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why
+            _reset_generator_after_failed_capture(device)
+            _restore(optimizer, fused, tensor_lrs)  # the eager steps run the optimizer as the user made it
+            torch.cuda.synchronize(device)
+            optimizer.zero_grad(set_to_none=True)
+            _fall_back(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
+            return None
+        finally:
+            set_row_skipping(skipping)
+
+    prepare_optimizer()
+    skipping = set_row_skipping(False)
     try:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -88,29 +134,93 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
             for _ in range(warmup):
                 eager()
         torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph), autotune.for_captured_step():  # the warm-up's kernel choices
-            static_loss = loss_fn(forward())
-            static_loss.backward()
-            optimizer.step()
-    except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why
-        _reset_generator_after_failed_capture(device)
-        for group in fused:  # the eager steps run the optimizer as the user made it
-            group["fused"] = None
-        torch.cuda.synchronize(device)
-        optimizer.zero_grad(set_to_none=True)
-        _fall_back(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
-        return eager
+    except Exception:
+        _restore(optimizer, fused, tensor_lrs)
+        raise  # an eager training step failed: the user's model or loss, not the capture
     finally:
         set_row_skipping(skipping)
+    captured = capture()
+    if captured is None:
+        return eager
 
     def replay() -> torch.Tensor:
-        graph.replay()
-        return static_loss
+        nonlocal captured
+        if captured is not None and captured.fingerprint != _fingerprint(optimizer, inputs):
+            captured = capture()  # inputs or optimizer changed since: capture again (None: it failed)
+            replay.graph = None if captured is None else captured.graph
+        if captured is None:
+            return eager()
+        captured.graph.replay()
+        return captured.loss.clone()  # the graph's own is overwritten by the next replay
 
-    replay.graph = graph  # kept alive with the step (and inspectable)
+    replay.graph = captured.graph  # the graph in use (inspectable)
     return replay
+
+
+class _Captured:
+    """A captured step: the graph, its loss tensor, what it reads that a cache could otherwise
+    free (the layers' kept input aggregations), and the state of the inputs and optimizer it was
+    captured with (:func:`_fingerprint`)."""
+
+    __slots__ = ("graph", "loss", "holds", "fingerprint")
+
+    def __init__(self, graph, loss, holds, fingerprint):
+        self.graph, self.loss, self.holds, self.fingerprint = graph, loss, holds, fingerprint
+
+
+def _kept_inputs(model: torch.nn.Module) -> list:
+    """What the model's layers keep of their constant inputs (fgplugin.input_cache): a captured
+    graph reads it, so the step holds it even if a layer's cache lets it go (a call with another
+    input, for instance)."""
+    held = []
+    for module in model.modules():
+        cache = module.__dict__.get("_fgplugin_input_cache")
+        if cache is not None and cache.holds:
+            held.append(cache.value)
+    return held
+
+
+def _fingerprint(optimizer: torch.optim.Optimizer, inputs) -> tuple:
+    """What a captured step depends on beyond the tensors it reads: the inputs' versions (an
+    in-place write), and the optimizer's param groups (their hyperparameters by value, tensors
+    by identity) and state dict (``load_state_dict`` replaces them)."""
+    versions = []
+    for item in inputs:
+        if isinstance(item, torch.Tensor):
+            versions.append(item._version)
+        values = getattr(item, "values", None)  # a TiledAdjacency's edge weights
+        if isinstance(values, torch.Tensor):
+            versions.append(values._version)
+    groups = tuple(tuple((key, id(value) if isinstance(value, (torch.Tensor, list)) else value)
+                         for key, value in group.items()) for group in optimizer.param_groups)
+    return tuple(versions), id(optimizer.param_groups), id(optimizer.state), groups
+
+
+def _lr_on_device(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Gives the param groups of an Adam or AdamW that updates on the GPU (``capturable`` or
+    ``fused``) their learning rate as a one-element tensor on the parameters' device, which a
+    learning-rate scheduler fills in place (``torch.optim.lr_scheduler``), so that a replayed step
+    follows it; returns the groups changed. Other optimizers read a float, fixed in a capture."""
+    if not isinstance(optimizer, _FUSED_ON_CUDA):
+        return []
+    changed = []
+    for group in optimizer.param_groups:
+        lr = group.get("lr")
+        if isinstance(lr, torch.Tensor) or not (group.get("capturable") or group.get("fused")) \
+                or group.get("differentiable") or not group["params"]:
+            continue
+        group["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=group["params"][0].device)
+        changed.append(group)
+    return changed
+
+
+def _restore(optimizer: torch.optim.Optimizer, fused: list[dict], tensor_lrs: list[dict]) -> None:
+    """Undoes :func:`_use_fused_kernel` and :func:`_lr_on_device` for an eager step."""
+    for group in fused:
+        group["fused"] = None
+    for group in tensor_lrs:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"] = float(group["lr"])
 
 
 def _reset_generator_after_failed_capture(device: torch.device) -> None:

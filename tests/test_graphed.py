@@ -188,6 +188,7 @@ def test_a_loss_that_syncs_falls_back_to_eager_with_the_reason():
         step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[train], y[train]), x, edge_index)
     assert not hasattr(step, "graph")
     assert opt.param_groups[0]["fused"] is None  # the fused switch is undone for the eager steps
+    assert isinstance(opt.param_groups[0]["lr"], float)  # and so is the learning rate on the GPU
     assert torch.randn(4, device="cuda").shape == (4,)
     first = float(step())
     for _ in range(10):
@@ -209,3 +210,134 @@ def test_sgd_with_sparse_gradients_keeps_its_own_implementation():
     for _ in range(3):
         step()
     assert opt.param_groups[0]["fused"] is None and not torch.equal(emb.weight, before)
+
+
+def _eager_reference(model, make_optimizer, x, edge_index, y, idx, steps, schedule=None, before_step=None,
+                     change=None):
+    """Losses of the eager loop with what a graphed step offers: a scheduler stepped after each
+    step, a hook before the optimizer step, ``change(step)`` run before each step."""
+    opt = make_optimizer(model.parameters())
+    scheduler = schedule(opt) if schedule else None
+    losses = []
+    for i in range(steps):
+        if change:
+            change(i)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x, edge_index)[idx], y[idx])
+        loss.backward()
+        if before_step:
+            before_step(model)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if scheduler:
+            scheduler.step()
+    return losses
+
+
+def test_before_step_runs_between_backward_and_the_optimizer_step():
+    x, edge_index, y, train = _problem("cpu")
+    idx = train.nonzero().squeeze(1)
+    torch.manual_seed(0)
+    model = _GCN()
+    reference = copy.deepcopy(model)
+    clip = lambda m: torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)  # noqa: E731
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GraphedStepWarning)  # on the CPU the step runs eagerly
+        step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index,
+                                     before_step=lambda: clip(model))
+    losses = [step() for _ in range(STEPS)]
+    assert not any(loss.requires_grad for loss in losses)
+    expected = _eager_reference(reference, lambda p: torch.optim.Adam(p, lr=0.01), x, edge_index, y, idx,
+                                WARMUP + STEPS, before_step=clip)[WARMUP:]
+    assert [float(loss) for loss in losses] == pytest.approx(expected, rel=1e-6)
+
+
+@CUDA
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_schedulers_hooks_and_returned_losses_follow_the_eager_steps(optimizer):
+    """An Adam's learning rate lives on the GPU in a captured step, so a scheduler's updates reach
+    the replays; SGD's is a float, and a change to it captures the step again. Gradient clipping
+    runs inside the capture; each step returns its own loss (not the graph's, which the next
+    replay overwrites)."""
+    x, edge_index, y, train = _problem("cuda")
+    idx = train.nonzero().squeeze(1)
+    torch.manual_seed(0)
+    model = _GCN().cuda()
+    reference = copy.deepcopy(model)
+    make = (lambda p: torch.optim.Adam(p, lr=0.02)) if optimizer == "adam" else \
+        (lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9))
+    schedule = lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.3)  # noqa: E731
+    clip = lambda m: torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)  # noqa: E731
+    opt = make(model.parameters())
+    scheduler = schedule(opt)
+    step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index,
+                                 warmup=1, before_step=lambda: clip(model))
+    scheduler.step()  # after the warm-up step, as the eager loop does
+    graphs = {id(step.graph)}
+    losses = [step()]
+    for _ in range(STEPS):
+        scheduler.step()
+        losses.append(step())
+        graphs.add(id(step.graph))
+    assert len({loss.data_ptr() for loss in losses}) == len(losses)
+    expected = _eager_reference(reference, make, x, edge_index, y, idx, STEPS + 2, schedule, clip)[1:]
+    assert [float(loss) for loss in losses] == pytest.approx(expected, rel=1e-5)
+    for got, want in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert (len(graphs) == 1) == (optimizer == "adam")  # SGD captured again when its rate changed
+
+
+@CUDA
+def test_inputs_changed_in_place_are_seen_and_evaluation_between_steps_is_harmless():
+    """New features copied into x after the capture train the model (the step captures itself
+    again: it had kept the first layer's aggregation of the old x); an evaluation in inference
+    mode between steps leaves the captured step intact."""
+    x, edge_index, y, train = _problem("cuda")
+    idx = train.nonzero().squeeze(1)
+    torch.manual_seed(0)
+    model = _GCN().cuda()
+    reference = copy.deepcopy(model)
+    other = torch.randn_like(x)
+    x_ref = x.clone()
+
+    def change(i, features):
+        if i == WARMUP + 2:
+            features.copy_(other)
+
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index)
+    losses = []
+    for i in range(WARMUP, WARMUP + STEPS):
+        change(i, x)
+        losses.append(float(step()))
+        model.eval()
+        with torch.inference_mode():
+            model(torch.randn_like(x), edge_index)
+        model.train()
+    expected = _eager_reference(reference, lambda p: torch.optim.Adam(p, lr=0.01), x_ref, edge_index, y, idx,
+                                WARMUP + STEPS, change=lambda i: change(i, x_ref))[WARMUP:]
+    assert losses == pytest.approx(expected, rel=1e-5)
+
+
+@CUDA
+def test_a_weighted_graph_is_captured():
+    """Edge weights are checked for NaN with a host sync, once per weights (not inside the
+    capture): a GCN on a weighted edge_index is captured and replays the eager steps."""
+    x, edge_index, y, train = _problem("cuda")
+    idx = train.nonzero().squeeze(1)
+    weight = torch.rand(edge_index.shape[1], device="cuda") + 0.5
+
+    class Weighted(_GCN):
+        def forward(self, x, edge_index):
+            return self.conv2(self.conv1(x, edge_index, weight).relu(), edge_index, weight)
+
+    torch.manual_seed(0)
+    model = Weighted().cuda()
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphedStepWarning)
+        step, losses = _graphed_losses(model, x, edge_index, y, idx, STEPS)
+    assert isinstance(step.graph, torch.cuda.CUDAGraph)
+    expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]
+    assert losses == pytest.approx(expected, rel=1e-5)
