@@ -368,7 +368,7 @@ def test_auto_threshold_probe():
     # the choice is 1.0 (no dense tiles).
     scattered = _adj(random_graph_case(3, n_src=5000, avg_degree=5)).to("cuda")
     assert probe_thresholds(scattered) == {}
-    assert choose_threshold(scattered) == {"threshold": 1.0, "times_ms": {}}
+    assert choose_threshold(scattered) == {"threshold": 1.0, "times_ms": {}, "plan": None}
 
 
 @requires_kernel
