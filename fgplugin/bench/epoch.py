@@ -389,7 +389,7 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
     variants = [(m, p) for m in models for p in precisions]
     bar = progress(len(graphs) * len(orders) * len(impls) * len(variants)) if progress else None
     _warm_up_kernels(device)
-    _warm_up_models(device, impls, models)
+    _warm_up_models(device, impls, models, orders)
     for name, base in _loaded(graphs, device, seed, orders, impls, variants, {"op": "epoch", "ms_median": None},
                               rows, bar):
         h = hidden or HIDDEN.get(name, 64)
@@ -445,23 +445,30 @@ def _warm_up_kernels(device: torch.device) -> None:
     _free(device)
 
 
-def _warm_up_models(device: torch.device, impls, models) -> None:
-    """Builds each impl's model once on a tiny graph, untimed: the first layer of a class that a
-    process builds pays for PyG's code generation for the class (a GCNConv, stock or fgplugin's:
-    23-29 ms on the 2-core CPU), which belongs to no graph's preprocessing. Failures are left to
-    the impl's own rows."""
-    problem = load("tiny", device)
-    for impl in impls:
-        if impl == "fgplugin-sharded":  # makes a process group; its layers are fgplugin's PyG ones
+def _warm_up_models(device: torch.device, impls, models, orders=("original",)) -> None:
+    """Reorders a tiny graph in each of ``orders`` and builds each impl's model on it once,
+    untimed: a process pays once for the first layer of a class it builds (PyG generates code for
+    the class: 23-29 ms for a GCNConv, stock or fgplugin's, on the 2-core CPU) and for the first
+    reordering and threshold probe (CUDA loads their kernels on first launch: the first graph's
+    community order took 68 ms of reordering and plans on an H100, the others 21-33), which
+    belongs to no graph's preprocessing. Failures are left to the impl's own rows."""
+    base = load("tiny", device)
+    for order in orders:
+        try:
+            problem = base if order == "original" else reordered_as(base, order)
+        except Exception:  # noqa: BLE001 - the order's rows report it
             continue
-        for model in models:
-            weights = baselines.reference_weights(problem.num_features, 16, problem.num_classes, 0, device,
-                                                  root=model == "sage")
-            try:
-                baselines.build(impl, weights, problem.edge_index, problem.num_nodes, model=model)
-            except Exception:  # noqa: BLE001 - the impl's rows report it
-                pass
-    del problem
+        for impl in impls:
+            if impl == "fgplugin-sharded":  # makes a process group; its layers are fgplugin's PyG ones
+                continue
+            for model in models:
+                weights = baselines.reference_weights(problem.num_features, 16, problem.num_classes, 0, device,
+                                                      root=model == "sage")
+                try:
+                    baselines.build(impl, weights, problem.edge_index, problem.num_nodes, model=model,
+                                    adj=problem.adj if impl in FGPLUGIN_PYG else None)
+                except Exception:  # noqa: BLE001 - the impl's rows report it
+                    pass
     _free(device)
 
 
