@@ -39,15 +39,38 @@ def _problem(device):
     return x, case.edge_index.to(device), y, train
 
 
-def _eager_losses(model, x, edge_index, y, idx, steps):
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+def _model_and_reference(device, model_class=None):
+    """The problem on ``device`` (training rows as an index), a seeded model and its copy for the
+    eager reference loop."""
+    x, edge_index, y, train = _problem(device)
+    torch.manual_seed(0)
+    model = (model_class or _GCN)().to(device)
+    return x, edge_index, y, train.nonzero().squeeze(1), model, copy.deepcopy(model)
+
+
+def _adam(params):
+    return torch.optim.Adam(params, lr=0.01)
+
+
+def _eager_losses(model, x, edge_index, y, idx, steps, make_optimizer=_adam, schedule=None, before_step=None,
+                  change=None):
+    """Losses of the eager loop, with what a graphed step offers: a scheduler stepped after each
+    step, a hook before the optimizer step, ``change(step)`` run before each step."""
+    opt = make_optimizer(model.parameters())
+    scheduler = schedule(opt) if schedule else None
     losses = []
-    for _ in range(steps):
+    for i in range(steps):
+        if change:
+            change(i)
         opt.zero_grad()
         loss = F.cross_entropy(model(x, edge_index)[idx], y[idx])
         loss.backward()
+        if before_step:
+            before_step(model)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
+        if scheduler:
+            scheduler.step()
     return losses
 
 
@@ -59,11 +82,7 @@ def _graphed_losses(model, x, edge_index, y, idx, steps):
 
 
 def test_on_the_cpu_the_step_runs_eagerly_with_one_warning():
-    x, edge_index, y, train = _problem("cpu")
-    idx = train.nonzero().squeeze(1)
-    torch.manual_seed(0)
-    model = _GCN()
-    reference = copy.deepcopy(model)
+    x, edge_index, y, idx, model, reference = _model_and_reference("cpu")
     with pytest.warns(GraphedStepWarning, match="CUDA graphs need the model and inputs on a CUDA device"):
         step, losses = _graphed_losses(model, x, edge_index, y, idx, STEPS)
     assert not hasattr(step, "graph")
@@ -84,11 +103,7 @@ def test_warmup_must_run_the_step_once():
 
 @CUDA
 def test_a_captured_step_replays_the_eager_steps():
-    x, edge_index, y, train = _problem("cuda")
-    idx = train.nonzero().squeeze(1)
-    torch.manual_seed(0)
-    model = _GCN().cuda()
-    reference = copy.deepcopy(model)
+    x, edge_index, y, idx, model, reference = _model_and_reference("cuda")
     step, losses = _graphed_losses(model, x, edge_index, y, idx, STEPS)
     assert isinstance(step.graph, torch.cuda.CUDAGraph)
     expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]
@@ -101,11 +116,7 @@ def test_a_captured_step_replays_the_eager_steps():
 def test_a_default_adam_runs_its_fused_kernel_and_an_explicit_choice_is_kept():
     """Adam left at torch's default implementation replays with its fused kernel (the same update
     as eager default Adam); one given ``foreach=True`` keeps it."""
-    x, edge_index, y, train = _problem("cuda")
-    idx = train.nonzero().squeeze(1)
-    torch.manual_seed(0)
-    model = _GCN().cuda()
-    reference = copy.deepcopy(model)
+    x, edge_index, y, idx, model, reference = _model_and_reference("cuda")
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index,
                                  warmup=WARMUP)
@@ -212,34 +223,8 @@ def test_sgd_with_sparse_gradients_keeps_its_own_implementation():
     assert opt.param_groups[0]["fused"] is None and not torch.equal(emb.weight, before)
 
 
-def _eager_reference(model, make_optimizer, x, edge_index, y, idx, steps, schedule=None, before_step=None,
-                     change=None):
-    """Losses of the eager loop with what a graphed step offers: a scheduler stepped after each
-    step, a hook before the optimizer step, ``change(step)`` run before each step."""
-    opt = make_optimizer(model.parameters())
-    scheduler = schedule(opt) if schedule else None
-    losses = []
-    for i in range(steps):
-        if change:
-            change(i)
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x, edge_index)[idx], y[idx])
-        loss.backward()
-        if before_step:
-            before_step(model)
-        opt.step()
-        losses.append(float(loss.detach()))
-        if scheduler:
-            scheduler.step()
-    return losses
-
-
 def test_before_step_runs_between_backward_and_the_optimizer_step():
-    x, edge_index, y, train = _problem("cpu")
-    idx = train.nonzero().squeeze(1)
-    torch.manual_seed(0)
-    model = _GCN()
-    reference = copy.deepcopy(model)
+    x, edge_index, y, idx, model, reference = _model_and_reference("cpu")
     clip = lambda m: torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)  # noqa: E731
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     with warnings.catch_warnings():
@@ -248,8 +233,7 @@ def test_before_step_runs_between_backward_and_the_optimizer_step():
                                      before_step=lambda: clip(model))
     losses = [step() for _ in range(STEPS)]
     assert not any(loss.requires_grad for loss in losses)
-    expected = _eager_reference(reference, lambda p: torch.optim.Adam(p, lr=0.01), x, edge_index, y, idx,
-                                WARMUP + STEPS, before_step=clip)[WARMUP:]
+    expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS, before_step=clip)[WARMUP:]
     assert [float(loss) for loss in losses] == pytest.approx(expected, rel=1e-6)
 
 
@@ -260,11 +244,7 @@ def test_schedulers_hooks_and_returned_losses_follow_the_eager_steps(optimizer):
     the replays; SGD's is a float, and a change to it captures the step again. Gradient clipping
     runs inside the capture; each step returns its own loss (not the graph's, which the next
     replay overwrites)."""
-    x, edge_index, y, train = _problem("cuda")
-    idx = train.nonzero().squeeze(1)
-    torch.manual_seed(0)
-    model = _GCN().cuda()
-    reference = copy.deepcopy(model)
+    x, edge_index, y, idx, model, reference = _model_and_reference("cuda")
     make = (lambda p: torch.optim.Adam(p, lr=0.02)) if optimizer == "adam" else \
         (lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9))
     schedule = lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.3)  # noqa: E731
@@ -281,7 +261,7 @@ def test_schedulers_hooks_and_returned_losses_follow_the_eager_steps(optimizer):
         losses.append(step())
         graphs.add(id(step.graph))
     assert len({loss.data_ptr() for loss in losses}) == len(losses)
-    expected = _eager_reference(reference, make, x, edge_index, y, idx, STEPS + 2, schedule, clip)[1:]
+    expected = _eager_losses(reference, x, edge_index, y, idx, STEPS + 2, make, schedule, clip)[1:]
     assert [float(loss) for loss in losses] == pytest.approx(expected, rel=1e-5)
     for got, want in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
@@ -293,11 +273,7 @@ def test_inputs_changed_in_place_are_seen_and_evaluation_between_steps_is_harmle
     """New features copied into x after the capture train the model (the step captures itself
     again: it had kept the first layer's aggregation of the old x); an evaluation in inference
     mode between steps leaves the captured step intact."""
-    x, edge_index, y, train = _problem("cuda")
-    idx = train.nonzero().squeeze(1)
-    torch.manual_seed(0)
-    model = _GCN().cuda()
-    reference = copy.deepcopy(model)
+    x, edge_index, y, idx, model, reference = _model_and_reference("cuda")
     other = torch.randn_like(x)
     x_ref = x.clone()
 
@@ -315,8 +291,8 @@ def test_inputs_changed_in_place_are_seen_and_evaluation_between_steps_is_harmle
         with torch.inference_mode():
             model(torch.randn_like(x), edge_index)
         model.train()
-    expected = _eager_reference(reference, lambda p: torch.optim.Adam(p, lr=0.01), x_ref, edge_index, y, idx,
-                                WARMUP + STEPS, change=lambda i: change(i, x_ref))[WARMUP:]
+    expected = _eager_losses(reference, x_ref, edge_index, y, idx, WARMUP + STEPS,
+                             change=lambda i: change(i, x_ref))[WARMUP:]
     assert losses == pytest.approx(expected, rel=1e-5)
 
 
@@ -324,17 +300,12 @@ def test_inputs_changed_in_place_are_seen_and_evaluation_between_steps_is_harmle
 def test_a_weighted_graph_is_captured():
     """Edge weights are checked for NaN with a host sync, once per weights (not inside the
     capture): a GCN on a weighted edge_index is captured and replays the eager steps."""
-    x, edge_index, y, train = _problem("cuda")
-    idx = train.nonzero().squeeze(1)
-    weight = torch.rand(edge_index.shape[1], device="cuda") + 0.5
-
     class Weighted(_GCN):
         def forward(self, x, edge_index):
             return self.conv2(self.conv1(x, edge_index, weight).relu(), edge_index, weight)
 
-    torch.manual_seed(0)
-    model = Weighted().cuda()
-    reference = copy.deepcopy(model)
+    x, edge_index, y, idx, model, reference = _model_and_reference("cuda", Weighted)
+    weight = torch.rand(edge_index.shape[1], device="cuda") + 0.5
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphedStepWarning)
         step, losses = _graphed_losses(model, x, edge_index, y, idx, STEPS)
