@@ -17,13 +17,14 @@ What capture needs, and what this does about it:
 - **Fixed inputs.** The graph reads ``inputs`` at the addresses they had when captured: change
   the data by copying into them in place (``data.x.copy_(...)``), not by passing new tensors.
   The step notices an in-place change (a tensor's ``_version``, a ``TiledAdjacency``'s edge
-  values) and captures itself again, without training; from then on the first layer computes its
-  aggregation in every replay instead of reading the kept one (see below).
+  values): that call trains eagerly and captures the step again (the first layer's kept
+  aggregation of the old input is not read any more).
 - **Hyperparameters.** An Adam or AdamW whose update reads its learning rate from the GPU
   (``capturable`` or ``fused``, as below) gets ``lr`` as a one-element CUDA tensor, which
   learning-rate schedulers update in place, so replays follow them. Any other change to a param
-  group (another optimizer's ``lr``, weight decay, betas, ``add_param_group``, an
-  ``optimizer.load_state_dict``) makes the next step capture itself again.
+  group (another optimizer's ``lr``, weight decay, betas, ``add_param_group``) or an
+  ``optimizer.load_state_dict`` makes the next call train eagerly and capture again; a step that
+  changes on ``MAX_CAPTURES_IN_A_ROW`` calls in a row runs eagerly from then on, with a warning.
 - **No host sync in the step.** A boolean mask index (``out[mask]``) has a data-dependent size:
   index with ``mask.nonzero()`` computed once, as above. fgplugin's zero-row skipping
   (fgplugin.grad_rows) finds the live rows of a gradient on the host, so it is off while the
@@ -53,7 +54,7 @@ from typing import Callable
 
 import torch
 
-from . import autotune
+from . import autotune, capture_holds
 from .config import set_row_skipping
 
 
@@ -72,135 +73,196 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
     forward under ``torch.autocast`` in."""
     if warmup < 1:
         raise ValueError(f"warmup must be at least 1 (the capture needs the step run once), got {warmup}")
-    device = _device_of(model, inputs)
+    step = _GraphedStep(model, optimizer, loss_fn, inputs, autocast, before_step)
+    if step.device is None or step.device.type != "cuda":
+        _fall_back(f"CUDA graphs need the model and inputs on a CUDA device, not {step.device}")
+        for _ in range(warmup):  # the same training as a captured step's
+            step.eager()
+        return step.eager
+    step.prepare_optimizer()
+    try:
+        step.warm_up(warmup)
+    except Exception:
+        step.restore_optimizer()
+        raise  # an eager training step failed: the user's model or loss, not the capture
+    if not step.capture():
+        return step.eager
+    return step
 
-    def forward():
-        if autocast is None:
-            return model(*inputs)
-        with torch.autocast(device.type, dtype=autocast):
-            return model(*inputs)
 
-    def train() -> torch.Tensor:
-        loss = loss_fn(forward())
+# A step whose inputs or optimizer change on this many calls in a row runs eagerly from then on:
+# capturing it again each time costs more than the replay saves (OneCycleLR cycles Adam's betas
+# every step; an SGD's learning rate is a float, which a per-step scheduler changes every step).
+MAX_CAPTURES_IN_A_ROW = 3
+
+
+class _GraphedStep:
+    """What :func:`graphed_step` returns where the capture succeeds: ``step()`` replays the
+    captured step; ``step.graph`` is the CUDA graph in use (``None`` once it runs eagerly),
+    ``step.captures`` how many were made."""
+
+    def __init__(self, model, optimizer, loss_fn, inputs, autocast, before_step):
+        self.model, self.optimizer, self.loss_fn, self.inputs = model, optimizer, loss_fn, inputs
+        self.autocast, self.before_step = autocast, before_step
+        self.device = _device_of(model, inputs)
+        self.graph = self._loss = self._state = None
+        self._holds: list = []  # what the graph reads from fgplugin's caches (capture_holds)
+        self._fused: list[dict] = []  # the param groups switched here, switched back for eager steps
+        self._tensor_lrs: list[dict] = []
+        self._captures_in_a_row = 0
+        self.captures = 0  # captures made (the first, and one per change seen since)
+
+    # ------------------------------------------------------------------ one step, eagerly
+    def _train(self) -> torch.Tensor:
+        if self.autocast is None:
+            out = self.model(*self.inputs)
+        else:
+            with torch.autocast(self.device.type, dtype=self.autocast):
+                out = self.model(*self.inputs)
+        loss = self.loss_fn(out)
         loss.backward()
-        if before_step is not None:
-            before_step()
-        optimizer.step()
+        if self.before_step is not None:
+            self.before_step()
+        self.optimizer.step()
         return loss.detach()
 
-    def eager() -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        return train()
+    def eager(self) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._train()
 
-    if device is None or device.type != "cuda":
-        _fall_back(f"CUDA graphs need the model and inputs on a CUDA device, not {device}")
-        for _ in range(warmup):  # the same training as a captured step's
-            eager()
-        return eager
-    fused, tensor_lrs = [], []  # the param groups switched here, switched back for eager steps
-
-    def prepare_optimizer() -> None:  # again before a capture: load_state_dict makes new groups
-        _make_capturable(optimizer)
-        fused.extend(_use_fused_kernel(optimizer))
-        tensor_lrs.extend(_lr_on_device(optimizer))
-
-    def capture() -> _Captured | None:
-        """Captures the step (the warm-up done), or returns ``None`` after restoring the
-        optimizer where the capture fails (then the step runs eagerly, and says why)."""
-        skipping = set_row_skipping(False)  # the live rows of a gradient are found with a host sync
+    def warm_up(self, steps: int) -> torch.Tensor:
+        """``steps`` eager training steps on a side stream, with the choices a captured step
+        wants (device time alone, no zero-row skipping: it syncs); the last one's loss."""
+        skipping = set_row_skipping(False)
         try:
-            prepare_optimizer()
-            graph = torch.cuda.CUDAGraph()
-            optimizer.zero_grad(set_to_none=True)
-            with torch.cuda.graph(graph), autotune.for_captured_step():  # the warm-up's kernel choices
-                static_loss = train()
-            return _Captured(graph, static_loss, _kept_inputs(model), _fingerprint(optimizer, inputs))
-        except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why
-            _reset_generator_after_failed_capture(device)
-            _restore(optimizer, fused, tensor_lrs)  # the eager steps run the optimizer as the user made it
-            torch.cuda.synchronize(device)
-            optimizer.zero_grad(set_to_none=True)
-            _fall_back(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
-            return None
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side), autotune.for_captured_step():
+                for _ in range(steps):
+                    loss = self.eager()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            return loss
         finally:
             set_row_skipping(skipping)
 
-    prepare_optimizer()
-    skipping = set_row_skipping(False)
-    try:
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side), autotune.for_captured_step():
-            for _ in range(warmup):
-                eager()
-        torch.cuda.current_stream(device).wait_stream(side)
-    except Exception:
-        _restore(optimizer, fused, tensor_lrs)
-        raise  # an eager training step failed: the user's model or loss, not the capture
-    finally:
-        set_row_skipping(skipping)
-    captured = capture()
-    if captured is None:
-        return eager
+    # ------------------------------------------------------------------ the captured step
+    def prepare_optimizer(self) -> None:
+        """The optimizer's settings for a capture (again before each: load_state_dict and
+        add_param_group bring groups without them)."""
+        _make_capturable(self.optimizer)
+        self._fused.extend(_use_fused_kernel(self.optimizer))
+        self._tensor_lrs.extend(_lr_on_device(self.optimizer))
 
-    def replay() -> torch.Tensor:
-        nonlocal captured
-        if captured is not None and captured.fingerprint != _fingerprint(optimizer, inputs):
-            captured = capture()  # inputs or optimizer changed since: capture again (None: it failed)
-            replay.graph = None if captured is None else captured.graph
-        if captured is None:
-            return eager()
-        captured.graph.replay()
-        return captured.loss.clone()  # the graph's own is overwritten by the next replay
+    def restore_optimizer(self) -> None:
+        _restore(self.optimizer, self._fused, self._tensor_lrs)
 
-    replay.graph = captured.graph  # the graph in use (inspectable)
-    return replay
+    def capture(self) -> bool:
+        """Captures the step (after a warm-up). Where the capture fails: restores the optimizer,
+        says why once, and returns False (the step runs eagerly)."""
+        skipping = set_row_skipping(False)  # the live rows of a gradient are found with a host sync
+        try:
+            self.prepare_optimizer()
+            graph, holds = torch.cuda.CUDAGraph(), []
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph), autotune.for_captured_step(), capture_holds.collecting(holds):
+                loss = self._train()  # with the warm-up's kernel choices
+            self.graph, self._loss, self._holds = graph, loss, holds
+            self._state = _CapturedState(self.optimizer, self.inputs)
+            self.captures += 1
+            return True
+        except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why
+            _reset_generator_after_failed_capture(self.device)
+            self._run_eagerly()
+            torch.cuda.synchronize(self.device)
+            self.optimizer.zero_grad(set_to_none=True)
+            _fall_back(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
+            return False
+        finally:
+            set_row_skipping(skipping)
+
+    def _run_eagerly(self) -> None:
+        self.graph = self._loss = self._state = None
+        self._holds = []
+        self.restore_optimizer()  # the eager steps run the optimizer as the user made it
+
+    def __call__(self) -> torch.Tensor:
+        if self.graph is None:
+            return self.eager()
+        if self._state.matches(self.optimizer, self.inputs):
+            self._captures_in_a_row = 0
+            self.graph.replay()
+            return self._loss.clone()  # the graph's own is overwritten by the next replay
+        # Changed since the capture (an input written in place, the optimizer's groups or state):
+        # this call trains eagerly, which also sets up what a new parameter group needs (optimizer
+        # state made inside a capture would be made anew by every replay), then captures again.
+        self._captures_in_a_row += 1
+        self.graph = self._loss = None  # the old graph's memory first
+        self._holds = []
+        if self._captures_in_a_row >= MAX_CAPTURES_IN_A_ROW:
+            self._run_eagerly()
+            _fall_back(f"its inputs or optimizer changed on {MAX_CAPTURES_IN_A_ROW} calls in a row, each needing a "
+                       "new capture (OneCycleLR and CyclicLR change Adam's betas every step unless "
+                       "cycle_momentum=False; an SGD's learning rate is fixed in a capture, so a scheduler "
+                       "stepped every step changes it)")
+            return self.eager()
+        self.prepare_optimizer()  # a new group gets the captured step's settings before its first update
+        loss = self.warm_up(1)
+        self.capture()
+        return loss
 
 
-class _Captured:
-    """A captured step: the graph, its loss tensor, what it reads that a cache could otherwise
-    free (the layers' kept input aggregations), and the state of the inputs and optimizer it was
-    captured with (:func:`_fingerprint`)."""
+class _CapturedState:
+    """What a captured step depends on beyond the memory it reads: the inputs' versions (an
+    in-place write) and the optimizer's param groups (their hyperparameters by value, tensors and
+    lists by identity) and state (``load_state_dict`` replaces both). The objects compared by
+    identity are held, so that a new one cannot take a freed one's ``id``."""
 
-    __slots__ = ("graph", "loss", "holds", "fingerprint")
+    __slots__ = ("versions", "groups", "param_groups", "state")
 
-    def __init__(self, graph, loss, holds, fingerprint):
-        self.graph, self.loss, self.holds, self.fingerprint = graph, loss, holds, fingerprint
+    def __init__(self, optimizer: torch.optim.Optimizer, inputs):
+        self.versions = _versions(inputs)
+        self.param_groups, self.state = optimizer.param_groups, optimizer.state
+        self.groups = [(group, dict(group)) for group in optimizer.param_groups]
+
+    def matches(self, optimizer: torch.optim.Optimizer, inputs) -> bool:
+        if optimizer.param_groups is not self.param_groups or optimizer.state is not self.state \
+                or len(optimizer.param_groups) != len(self.groups) or _versions(inputs) != self.versions:
+            return False
+        for group, (held, snapshot) in zip(optimizer.param_groups, self.groups):
+            if group is not held or len(group) != len(snapshot):
+                return False
+            for key, value in group.items():
+                was = snapshot.get(key, _MISSING)
+                if isinstance(value, (torch.Tensor, list)):
+                    if value is not was:
+                        return False
+                elif type(value) is not type(was) or value != was:
+                    return False
+        return True
 
 
-def _kept_inputs(model: torch.nn.Module) -> list:
-    """What the model's layers keep of their constant inputs (fgplugin.input_cache): a captured
-    graph reads it, so the step holds it even if a layer's cache lets it go (a call with another
-    input, for instance)."""
-    held = []
-    for module in model.modules():
-        cache = module.__dict__.get("_fgplugin_input_cache")
-        if cache is not None and cache.holds:
-            held.append(cache.value)
-    return held
+_MISSING = object()
 
 
-def _fingerprint(optimizer: torch.optim.Optimizer, inputs) -> tuple:
-    """What a captured step depends on beyond the tensors it reads: the inputs' versions (an
-    in-place write), and the optimizer's param groups (their hyperparameters by value, tensors
-    by identity) and state dict (``load_state_dict`` replaces them)."""
+def _versions(inputs) -> tuple:
+    """The ``_version`` of each input tensor and of a ``TiledAdjacency``'s edge weights."""
     versions = []
     for item in inputs:
         if isinstance(item, torch.Tensor):
             versions.append(item._version)
-        values = getattr(item, "values", None)  # a TiledAdjacency's edge weights
+        values = getattr(item, "values", None)
         if isinstance(values, torch.Tensor):
             versions.append(values._version)
-    groups = tuple(tuple((key, id(value) if isinstance(value, (torch.Tensor, list)) else value)
-                         for key, value in group.items()) for group in optimizer.param_groups)
-    return tuple(versions), id(optimizer.param_groups), id(optimizer.state), groups
+    return tuple(versions)
 
 
 def _lr_on_device(optimizer: torch.optim.Optimizer) -> list[dict]:
     """Gives the param groups of an Adam or AdamW that updates on the GPU (``capturable`` or
     ``fused``) their learning rate as a one-element tensor on the parameters' device, which a
     learning-rate scheduler fills in place (``torch.optim.lr_scheduler``), so that a replayed step
-    follows it; returns the groups changed. Other optimizers read a float, fixed in a capture."""
+    follows it; returns the groups changed. Other optimizers read a float, fixed in a capture.
+    The tensor is the group's ``lr`` from then on, also in ``optimizer.state_dict()`` (which holds
+    it, not a copy: deep-copy a state dict kept in memory as a checkpoint)."""
     if not isinstance(optimizer, _FUSED_ON_CUDA):
         return []
     changed = []
@@ -221,6 +283,8 @@ def _restore(optimizer: torch.optim.Optimizer, fused: list[dict], tensor_lrs: li
     for group in tensor_lrs:
         if isinstance(group["lr"], torch.Tensor):
             group["lr"] = float(group["lr"])
+    fused.clear()
+    tensor_lrs.clear()
 
 
 def _reset_generator_after_failed_capture(device: torch.device) -> None:

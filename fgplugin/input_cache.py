@@ -34,6 +34,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .capture_holds import hold
 from .config import settings
 
 MAX_MEMORY_FRACTION = 0.125
@@ -102,7 +103,7 @@ class InputCache:
         layer's other product with the same input (SAGE's root weight) may use it."""
         if self._key is None or not _context_allows() or not _reusable(x, ()):
             return None
-        return self._value if self._key.is_of(x) else None
+        return hold(self._value) if self._key.is_of(x) else None
 
     def get(self, x: Tensor, deps: tuple, nbytes: int, aggregate: Callable[[], Tensor]) -> Tensor | None:
         """The aggregation of ``x`` (``aggregate()``, ``nbytes`` in size) when it may be reused,
@@ -118,7 +119,7 @@ class InputCache:
             return None
         deps = (x, *deps)
         if self._key is not None and self._key.matches(deps):
-            return self._value
+            return hold(self._value)
         # The first call with this x only notes it (by a weak reference and its version: cheap,
         # since a layer whose input changes every step, e.g. after dropout, comes here each time);
         # the second builds the aggregation, from and keyed by that call's graph and settings.
@@ -132,7 +133,7 @@ class InputCache:
             value = aggregate()
         self._key, self._value, self._seen = _Key(deps), value, None
         self._watch = weakref.ref(x, _dropper(self, self._key))  # x freed: free its aggregation too
-        return value
+        return hold(value)
 
     # A copy of a layer (deepcopy, pickle, torch.save) starts with an empty cache: what it holds
     # refers to the original's inputs and would only take memory.

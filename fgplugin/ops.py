@@ -26,6 +26,7 @@ from . import cusparse, grad_rows
 from ._csr import aux_dtype_for, rows_of_edges
 from .config import settings
 from .eager import plain_eager
+from .inference_mode import outside_inference_mode
 from .reference import (dense_tile_arch_reference, dropout_reference, nonzero_rows_reference, pad_columns_reference,
                         sddmm_reference, set_wgmma_reference, spmm_reference)
 from .tiling import TiledAdjacency
@@ -306,6 +307,7 @@ class _SddmmAutograd(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------- the public products
+@outside_inference_mode
 def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, diag=None) -> torch.Tensor:
     r"""Sparse-dense product :math:`\mathrm{diag}(r)\,(A + \mathrm{diag}(d))\,\mathrm{diag}(c)\,X`.
 

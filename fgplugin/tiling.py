@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from . import autotune
+from .capture_holds import hold
+from .inference_mode import outside_inference_mode
 from ._csr import index_dtype_for, inverse_permutation, rows_of_edges, rowptr_from_sorted_rows
 from .kernel_plan import KernelPlan, block_adaptive_available, build_kernel_plan
 from .normalization import normalization
@@ -203,7 +205,7 @@ class TiledAdjacency:
             # the weights unchanged, and the copy's own values too (they may be a copy of them)
             if kept is not None and kept[0]() is edge_values and kept[1] == (edge_values._version,
                                                                             kept[2].values._version):
-                return kept[2]
+                return hold(kept[2])
         source = edge_values
         edge_values = check_edge_values(edge_values, self.nnz, "edge values", self.device,
                                         check_finite=not (torch.compiler.is_compiling() or _capturing(edge_values)))
@@ -212,17 +214,22 @@ class TiledAdjacency:
         copy = self._copy(values=edge_values)
         if memo is not None:
             memo.pop(id(source), None)
+            if copy.values is source:  # it holds the weights: at most one such entry, or they outlive their use
+                for key in [k for k, entry in memo.items() if entry[2].values is entry[0]()]:
+                    del memo[key]
             memo[id(source)] = (weakref.ref(source, _forget_in(memo, id(source))),
                                 (source._version, copy.values._version), copy)
             while len(memo) > MAX_WEIGHTED_COPIES:
                 memo.pop(next(iter(memo)))
-        return copy
+        return hold(copy)
 
     @staticmethod
     def _memoizable(edge_values) -> bool:
-        # weights that need a gradient are indexed into each step's autograd graph: never reused
+        # weights that need a gradient are indexed into each step's autograd graph: never reused;
+        # tensors made in inference mode have no version counter to check
         return isinstance(edge_values, torch.Tensor) and not edge_values.requires_grad \
-            and not torch.compiler.is_compiling() and not edge_values.is_inference()
+            and not torch.compiler.is_compiling() and not torch.is_inference_mode_enabled() \
+            and not edge_values.is_inference()
 
     def with_tiles(self, tile_size=None, threshold=None) -> "TiledAdjacency":
         """The same graph with another tile size or density threshold."""
@@ -368,7 +375,7 @@ class TiledAdjacency:
         kept[value] = cached  # the most recently used last
         while len(kept) > MAX_CONSTANT_DIAGS:
             kept.pop(next(iter(kept)))
-        return cached
+        return hold(cached)
 
     def transposed_values(self, values: torch.Tensor) -> torch.Tensor:
         """``values`` (``self.values``, already cast) reordered for A^T; cached unless they need
@@ -382,6 +389,7 @@ class TiledAdjacency:
             self._keep_for_values(key, t_values)
         return t_values
 
+    @outside_inference_mode
     def norm(self, kind: str = "gcn", **options):
         """Row/column scales and diagonal of a normalization, cached: see fgplugin.normalization
         (float64 by default; ``dtype=torch.float32`` for float32 or 16-bit features saves a cast
@@ -398,15 +406,21 @@ class TiledAdjacency:
     def _kept_for_values(self, key):
         """What ``_keep_for_values`` kept under ``key``, or ``None`` when the edge values were
         written in place since (their ``_version``). Under torch.compile (which cannot read a
-        version) what was kept in eager mode."""
+        version) what was kept in eager mode. Values made in inference mode have no version:
+        nothing is kept for them."""
         kept = self._cache.get(key)
         if kept is None or torch.compiler.is_compiling():
             return None if kept is None else kept[1]
+        if self._values_untracked():
+            return None
         return kept[1] if kept[0] == self._values_version() else None
 
     def _keep_for_values(self, key, value) -> None:
-        if not torch.compiler.is_compiling():
+        if not torch.compiler.is_compiling() and not self._values_untracked():
             self._cache[key] = self._values_version(), value
+
+    def _values_untracked(self) -> bool:
+        return self.values is not None and self.values.is_inference()
 
     def _values_version(self):
         return None if self.values is None else self.values._version

@@ -190,6 +190,19 @@ def test_sageconv_mean_matches_stock(case):
         run_pair(stock, ours, graph, (feat[0], torch.randn(graph.num_dst_nodes(), 2)))
 
 
+@pytest.mark.parametrize("name,args", [("GraphConv", (5, 3)), ("SAGEConv", (5, 3, "mean")), ("SGConv", (5, 3))])
+def test_a_first_call_in_inference_mode_leaves_training_working(name, args):
+    """The graph's structure and normalization, built in inference mode and kept on the graph, are
+    normal tensors: the training step that follows can save them for its backward pass."""
+    graph = graph_case("homo-loops")
+    stock, ours = make_pair(name, *args)
+    feat = torch.randn(graph.num_nodes(), 5)
+    with torch.inference_mode():
+        evaluated = ours(graph, feat)
+    assert rel_err(evaluated, stock(graph, feat)) < TOL
+    run_pair(stock, ours, graph, feat)
+
+
 @pytest.mark.parametrize("aggregator", ["gcn", "pool", "lstm"])
 def test_sageconv_other_aggregators_keep_stock(aggregator):
     graph = graph_case("homo-loops")

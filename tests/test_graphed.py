@@ -254,18 +254,16 @@ def test_schedulers_hooks_and_returned_losses_follow_the_eager_steps(optimizer):
     step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index,
                                  warmup=1, before_step=lambda: clip(model))
     scheduler.step()  # after the warm-up step, as the eager loop does
-    graphs = {id(step.graph)}
     losses = [step()]
     for _ in range(STEPS):
         scheduler.step()
         losses.append(step())
-        graphs.add(id(step.graph))
     assert len({loss.data_ptr() for loss in losses}) == len(losses)
     expected = _eager_losses(reference, x, edge_index, y, idx, STEPS + 2, make, schedule, clip)[1:]
     assert [float(loss) for loss in losses] == pytest.approx(expected, rel=1e-5)
     for got, want in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
-    assert (len(graphs) == 1) == (optimizer == "adam")  # SGD captured again when its rate changed
+    assert (step.captures == 1) == (optimizer == "adam")  # SGD captured again when its rate changed
 
 
 @CUDA
@@ -312,3 +310,46 @@ def test_a_weighted_graph_is_captured():
     assert isinstance(step.graph, torch.cuda.CUDAGraph)
     expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]
     assert losses == pytest.approx(expected, rel=1e-5)
+
+
+@CUDA
+def test_a_param_group_added_after_the_capture_trains_as_in_eager_mode():
+    """The step after add_param_group trains eagerly (the new parameters' optimizer state is made
+    there, not inside a capture, where every replay would make it anew) and captures again."""
+    x, edge_index, y, idx, model, reference = _model_and_reference("cuda")
+
+    def add_second_layer(opt, model):
+        opt.add_param_group({"params": list(model.conv2.parameters())})
+
+    def first_layer_adam(params):
+        return torch.optim.Adam(list(params)[:2], lr=0.01)  # conv1's weight and bias
+
+    opt = first_layer_adam(model.parameters())
+    step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index)
+    losses = [float(step()) for _ in range(2)]
+    add_second_layer(opt, model)
+    losses += [float(step()) for _ in range(STEPS)]
+    assert step.captures == 2
+    ref_opt = []
+
+    def change(i):
+        if i == WARMUP + 2:
+            add_second_layer(ref_opt[0], reference)
+
+    expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + 2 + STEPS,
+                             lambda p: ref_opt.append(first_layer_adam(p)) or ref_opt[0], change=change)[WARMUP:]
+    assert losses == pytest.approx(expected, rel=1e-5)
+    for got, want in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+@CUDA
+def test_a_step_that_changes_on_every_call_runs_eagerly():
+    x, edge_index, y, idx, model, reference = _model_and_reference("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index)
+    with pytest.warns(GraphedStepWarning, match="changed on 3 calls in a row"):
+        for i in range(5):
+            opt.param_groups[0]["lr"] = 0.1 / (i + 2)
+            step()
+    assert step.graph is None and step.captures == 1 + graphed.MAX_CAPTURES_IN_A_ROW - 1

@@ -313,6 +313,24 @@ def test_tiled_values_written_in_place(config, fgplugin_only):
     assert rel_err(ours(x, adj), stock(x, ei, w * 3.0)) < TOL
 
 
+@pytest.mark.parametrize("config", ["gcn", "gcn-weighted", "sage", "sg"])
+def test_a_first_call_in_inference_mode_leaves_training_working(config, fgplugin_only):
+    """What a layer builds for a graph is kept: built in inference mode (PyTorch Lightning's sanity
+    check evaluates before training) it must not be inference tensors, which autograd refuses to
+    save in the training step that follows."""
+    ei, w, n = graph_case("hub")
+    make = {"sage": lambda cls: cls(8, 6), "sg": lambda cls: cls(8, 6, K=2)}.get(config, lambda cls: cls(8, 6))
+    stock, ours = make_pair(config.split("-")[0], make)
+    args = (ei, w) if config == "gcn-weighted" else (ei,)
+    x = torch.randn(n, 8)
+    with torch.inference_mode():
+        evaluated = ours(x, *args)
+    assert rel_err(evaluated, stock(x, *args)) < TOL
+    x_train = x.clone().requires_grad_()
+    ours(x_train, *args).sum().backward()
+    assert x_train.grad is not None and all(p.grad is not None for p in ours.parameters())
+
+
 def test_cached_semantics(fgplugin_only):
     ei, w, n = graph_case("path")
     x = torch.randn(n, 8)

@@ -17,6 +17,7 @@ from torch import Tensor
 from fgplugin import Normalization, TiledAdjacency
 from fgplugin._csr import aux_dtype_for
 from fgplugin.aggregation import Aggregation, aggregate, is_distributed, linear_parts, transform
+from fgplugin.inference_mode import outside_inference_mode
 
 from ._import_shim import import_dgl
 
@@ -45,6 +46,7 @@ def structure(graph) -> Structure | None:
 # DGL's graph API goes through its C library, which torch.compile cannot trace: a graph first seen
 # inside a compiled region is built here behind one graph break, and read without one afterwards.
 @torch.compiler.disable
+@outside_inference_mode
 def _build_structure(graph) -> Structure:
     src, dst = graph.edges(order="eid")
     adj = TiledAdjacency.from_edge_index(torch.stack([src, dst]), size=(graph.num_src_nodes(), graph.num_dst_nodes()))
@@ -113,6 +115,7 @@ class GraphConv(_Named, dgl_conv.GraphConv):
     only); ``norm="both"`` uses source out-degrees and destination in-degrees, no self loops.
     """
 
+    @outside_inference_mode
     def forward(self, graph, feat, weight=None, edge_weight=None):
         if _is_sharded(graph):
             if weight is not None and self.weight is not None:
@@ -139,6 +142,7 @@ class SAGEConv(_Named, dgl_conv.SAGEConv):
     other aggregators (gcn, pool, lstm) keep the stock code. Same constructor, parameters,
     ``forward(graph, feat, edge_weight=None)`` and results as the stock layer."""
 
+    @outside_inference_mode
     def forward(self, graph, feat, edge_weight=None):
         if _is_sharded(graph):
             if self._aggre_type != "mean":
@@ -182,6 +186,7 @@ class SGConv(_Named, dgl_conv.SGConv):
     ``cached=True`` the propagated features are kept on the first call, as in DGL.
     """
 
+    @outside_inference_mode
     def forward(self, graph, feat, edge_weight=None):
         if _is_sharded(graph):
             if self._cached_h is not None:

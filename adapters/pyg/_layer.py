@@ -12,6 +12,7 @@ from torch_geometric.nn.dense.linear import Linear
 from fgplugin import TiledAdjacency
 from fgplugin._csr import aux_dtype_for
 from fgplugin.aggregation import Aggregation, is_distributed, linear_parts
+from fgplugin.inference_mode import outside_inference_mode
 
 from ._aggregation import _UNWEIGHTED_FILL, NONE, NormSpec, aggregation_of
 from ._deferred import DeferredAggregation
@@ -116,6 +117,7 @@ class FgpluginLayer:
         ``decomposed_layers=1``, which PyG's own test demands to allclose's default 1e-8)."""
         return not self._explain and not any(getattr(self, h) for h in _HOOKS)
 
+    @outside_inference_mode
     def _served_aggregation(self, x, edge_index, edge_weight):
         """The aggregation for a node-feature input ``x`` of a one-node-set layer when fgplugin
         serves this call (else ``None``: the caller runs the stock code). An aggregation that

@@ -9,6 +9,7 @@ from torch_geometric.typing import Adj, OptPairTensor, Size
 
 from fgplugin._csr import aux_dtype_for
 from fgplugin.aggregation import aggregate, transform
+from fgplugin.inference_mode import outside_inference_mode
 
 from ._aggregation import MEAN
 from ._layer import FgpluginLayer, fits, linear, make_aggregation
@@ -64,6 +65,7 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
             n_dst = size[1]
         return n_src if n_dst is None else n_dst
 
+    @outside_inference_mode
     def _aggregation(self, pair, edge_index, size: Size):
         n_src, n_dst = pair[0].size(self.node_dim), self._num_dst(pair, size)
         if n_dst is None:

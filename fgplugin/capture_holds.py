@@ -1,0 +1,35 @@
+"""What a CUDA graph being captured reads from fgplugin's caches, held for as long as the graph.
+
+A captured graph reads tensors at fixed addresses. Some of what the products read comes from
+caches that may let it go later: a layer's kept input aggregation (fgplugin.input_cache, dropped
+when the layer sees another input), the weighted copies of an adjacency (``with_values``, up to
+a few per adjacency), its constant diagonals and cuSPARSE folds (bounded too). If one of them were
+freed, the graph would read whatever the allocator put there next, without any error. So while
+``fgplugin.graphed_step`` captures a step, each cache hands what it returns to :func:`hold`, and
+the step keeps the list (:func:`collecting`) with its graph.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+# per thread (and task), like the capture itself
+_held = contextvars.ContextVar("fgplugin_capture_holds", default=None)
+
+
+@contextlib.contextmanager
+def collecting(into: list):
+    """Within: what the caches hand out is appended to ``into``."""
+    token = _held.set(into)
+    try:
+        yield into
+    finally:
+        _held.reset(token)
+
+
+def hold(obj):
+    """``obj``, noted as read by the capture in progress (if any)."""
+    held = _held.get()
+    if held is not None:
+        held.append(obj)
+    return obj
