@@ -19,7 +19,7 @@ It applies where all of these hold, else fgplugin's kernel runs:
   outside autocast (16-bit products stay on fgplugin's kernels, which accumulate in float32);
 - no gradient wanted for the edge values, scales or diagonal (only ``x``'s: the transpose's
   product);
-- at most ``MAX_NNZ`` non-zeros; not in inference mode, nor for tensors made there;
+- at most ``MAX_NNZ`` non-zeros; no edge values or scales made in inference mode;
 - in the backward pass, a gradient whose zero rows fgplugin's zero-row skipping would leave out
   (fgplugin.grad_rows: products of at least ``grad_rows.MIN_WORK`` multiply-adds) runs that
   restricted product on fgplugin's kernel instead of the full transposed one on cuSPARSE;
@@ -123,7 +123,7 @@ def folded(adj, row_scale, col_scale, diag, sources: tuple) -> Folded:
     while len(folds) > MAX_FOLDS:
         folds.pop(next(iter(folds)))
     adj._keep_for_values("cusparse_folds", folds)
-    return fold
+    return hold(fold)
 
 
 def _kept_fold(adj, sources: tuple) -> Folded | None:
@@ -164,9 +164,8 @@ def _applies(adj, x: Tensor, row_scale, col_scale, diag, forced: bool) -> bool:
     if not forced and (not x.is_cuda or adj.threshold != "auto" or adj.nnz > MAX_NNZ):
         return False
     # a fold is kept by the versions of what it was made from, which tensors made in inference
-    # mode do not have (and a fold made there would be one too)
-    if torch.is_inference_mode_enabled() or any(
-            isinstance(t, Tensor) and t.is_inference() for t in (adj.values, row_scale, col_scale, diag)):
+    # mode do not have
+    if any(isinstance(t, Tensor) and t.is_inference() for t in (adj.values, row_scale, col_scale, diag)):
         return False
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (adj.values, row_scale, col_scale, diag)):

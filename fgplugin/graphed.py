@@ -167,7 +167,7 @@ class _GraphedStep:
             with torch.cuda.graph(graph), autotune.for_captured_step(), capture_holds.collecting(holds):
                 loss = self._train()  # with the warm-up's kernel choices
             self.graph, self._loss, self._holds = graph, loss, holds
-            self._state = _CapturedState(self.optimizer, self.inputs)
+            self._state = _CapturedState(self.model, self.optimizer, self.inputs)
             self.captures += 1
             return True
         except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why
@@ -188,7 +188,7 @@ class _GraphedStep:
     def __call__(self) -> torch.Tensor:
         if self.graph is None:
             return self.eager()
-        if self._state.matches(self.optimizer, self.inputs):
+        if self._state.matches(self.model, self.optimizer, self.inputs):
             self._captures_in_a_row = 0
             self.graph.replay()
             return self._loss.clone()  # the graph's own is overwritten by the next replay
@@ -206,27 +206,39 @@ class _GraphedStep:
                        "stepped every step changes it)")
             return self.eager()
         self.prepare_optimizer()  # a new group gets the captured step's settings before its first update
-        loss = self.warm_up(1)
+        try:
+            loss = self.warm_up(1)
+        except Exception as err:
+            self._run_eagerly()  # the optimizer back as the user made it, for the calls that follow
+            _fall_back(f"a training step before capturing it again raised {type(err).__name__}")
+            raise
         self.capture()
         return loss
 
 
 class _CapturedState:
-    """What a captured step depends on beyond the memory it reads: the inputs' versions (an
-    in-place write) and the optimizer's param groups (their hyperparameters by value, tensors and
-    lists by identity) and state (``load_state_dict`` replaces both). The objects compared by
-    identity are held, so that a new one cannot take a freed one's ``id``."""
+    """What a captured step depends on beyond the memory it reads: the inputs (the same tensors,
+    and a ``TiledAdjacency``'s edge weights, unchanged: their ``_version``), the model's modes
+    (``train()`` / ``eval()``) and which parameters train (``requires_grad``), and the optimizer's
+    param groups (hyperparameters by value, tensors and lists by identity) and state
+    (``load_state_dict`` replaces both). The objects compared by identity are held, so that a new
+    one cannot take a freed one's ``id``."""
 
-    __slots__ = ("versions", "groups", "param_groups", "state")
+    __slots__ = ("inputs", "modes", "groups", "param_groups", "state")
 
-    def __init__(self, optimizer: torch.optim.Optimizer, inputs):
-        self.versions = _versions(inputs)
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs):
+        self.inputs = _input_tensors(inputs)
+        self.modes = _modes(model, optimizer)
         self.param_groups, self.state = optimizer.param_groups, optimizer.state
         self.groups = [(group, dict(group)) for group in optimizer.param_groups]
 
-    def matches(self, optimizer: torch.optim.Optimizer, inputs) -> bool:
+    def matches(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs) -> bool:
         if optimizer.param_groups is not self.param_groups or optimizer.state is not self.state \
-                or len(optimizer.param_groups) != len(self.groups) or _versions(inputs) != self.versions:
+                or len(optimizer.param_groups) != len(self.groups) or _modes(model, optimizer) != self.modes:
+            return False
+        now = _input_tensors(inputs)
+        if len(now) != len(self.inputs) or any(t is not held or version != was
+                                               for (t, version), (held, was) in zip(now, self.inputs)):
             return False
         for group, (held, snapshot) in zip(optimizer.param_groups, self.groups):
             if group is not held or len(group) != len(snapshot):
@@ -244,16 +256,22 @@ class _CapturedState:
 _MISSING = object()
 
 
-def _versions(inputs) -> tuple:
-    """The ``_version`` of each input tensor and of a ``TiledAdjacency``'s edge weights."""
-    versions = []
+def _input_tensors(inputs) -> list:
+    """``(tensor, its _version)`` of each input tensor and of a ``TiledAdjacency``'s edge weights."""
+    found = []
     for item in inputs:
         if isinstance(item, torch.Tensor):
-            versions.append(item._version)
+            found.append((item, item._version))
         values = getattr(item, "values", None)
         if isinstance(values, torch.Tensor):
-            versions.append(values._version)
-    return tuple(versions)
+            found.append((values, values._version))
+    return found
+
+
+def _modes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple:
+    """The modules' ``training`` flags and the optimized parameters' ``requires_grad``."""
+    return (tuple(m.training for m in model.modules()),
+            tuple(p.requires_grad for group in optimizer.param_groups for p in group["params"]))
 
 
 def _lr_on_device(optimizer: torch.optim.Optimizer) -> list[dict]:

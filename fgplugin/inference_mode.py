@@ -11,9 +11,14 @@ results, computed without recording anything, and normal tensors in the caches a
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 
 import torch
+
+# set while a call made in inference mode runs with it off: what the caller asked for still rules
+# choices that depend on it (a layer's input cache is not used in inference mode)
+_called_in_inference_mode = contextvars.ContextVar("fgplugin_called_in_inference_mode", default=False)
 
 
 def outside_inference_mode(fn):
@@ -24,7 +29,16 @@ def outside_inference_mode(fn):
         # torch.compile cannot trace the inference-mode query (a graph break): it asks first
         if torch.compiler.is_compiling() or not torch.is_inference_mode_enabled():
             return fn(*args, **kwargs)
-        with torch.inference_mode(False), torch.no_grad():
-            return fn(*args, **kwargs)
+        token = _called_in_inference_mode.set(True)
+        try:
+            with torch.inference_mode(False), torch.no_grad():
+                return fn(*args, **kwargs)
+        finally:
+            _called_in_inference_mode.reset(token)
 
     return wrapper
+
+
+def in_inference_mode() -> bool:
+    """Whether the caller is in inference mode, also inside :func:`outside_inference_mode`."""
+    return torch.is_inference_mode_enabled() or _called_in_inference_mode.get()

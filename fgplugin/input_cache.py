@@ -36,6 +36,7 @@ from torch import Tensor
 
 from .capture_holds import hold
 from .config import settings
+from .inference_mode import in_inference_mode
 
 MAX_MEMORY_FRACTION = 0.125
 
@@ -129,6 +130,10 @@ class InputCache:
             return None
         if not _fits(nbytes, x.device):
             return None
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            # a capture records the aggregation's kernels without running them: kept now, it would
+            # be read unfilled by any call before the first replay. The graph computes it instead.
+            return None
         with torch.no_grad():
             value = aggregate()
         self._key, self._value, self._seen = _Key(deps), value, None
@@ -169,7 +174,7 @@ def _context_allows() -> bool:
     drop what the training steps keep)."""
     if torch.compiler.is_compiling():  # first: what follows is not traced
         return False
-    return settings.input_cache and not torch.is_inference_mode_enabled() and \
+    return settings.input_cache and not in_inference_mode() and \
         not torch._C._are_functorch_transforms_active()  # torch.func.grad / vmap
 
 

@@ -215,7 +215,7 @@ class TiledAdjacency:
         if memo is not None:
             memo.pop(id(source), None)
             if copy.values is source:  # it holds the weights: at most one such entry, or they outlive their use
-                for key in [k for k, entry in memo.items() if entry[2].values is entry[0]()]:
+                for key in [k for k, entry in list(memo.items()) if entry[2].values is entry[0]()]:
                     del memo[key]
             memo[id(source)] = (weakref.ref(source, _forget_in(memo, id(source))),
                                 (source._version, copy.values._version), copy)

@@ -203,6 +203,21 @@ def test_a_first_call_in_inference_mode_leaves_training_working(name, args):
     run_pair(stock, ours, graph, feat)
 
 
+def test_an_evaluation_in_inference_mode_keeps_the_training_aggregation():
+    """The layer runs with inference mode off for its caches' sake, yet its input cache is not
+    used (nor dropped) by a call made in inference mode."""
+    graph = graph_case("homo-loops")
+    _, ours = make_pair("SAGEConv", 5, 3, "mean")
+    feat = torch.randn(graph.num_nodes(), 5)
+    for _ in range(2):
+        ours(graph, feat).sum().backward()
+    kept = fgplugin.input_cache.of(ours).value
+    assert kept is not None
+    with torch.inference_mode():
+        ours(graph, torch.randn_like(feat))
+    assert fgplugin.input_cache.of(ours).value is kept
+
+
 @pytest.mark.parametrize("aggregator", ["gcn", "pool", "lstm"])
 def test_sageconv_other_aggregators_keep_stock(aggregator):
     graph = graph_case("homo-loops")

@@ -147,8 +147,9 @@ def test_the_fused_switch_leaves_cpu_parameters_and_other_optimizers_alone():
 @pytest.mark.parametrize("warmup", [1, WARMUP])
 def test_a_sparse_input_is_captured(warmup):
     """A bag-of-words input kept sparse (fgplugin.sparse_input, forced on) is captured and replays
-    the eager steps; with one warm-up step the input cache fills inside the capture, where the
-    sparse form's probe cannot run, and the dense form is kept instead."""
+    the eager steps; with one warm-up step the input cache has only seen the input once, and keeps
+    nothing inside the capture (it would be read unfilled before the first replay): the graph
+    computes the first layer's aggregation instead."""
     x, edge_index, y, train = _problem("cuda")
     x = x * (torch.rand_like(x) < 0.1)
     idx = train.nonzero().squeeze(1)
@@ -163,7 +164,7 @@ def test_a_sparse_input_is_captured(warmup):
         losses = [float(step()) for _ in range(STEPS)]
         kept = input_cache.of(model.conv1).value
         assert isinstance(step.graph, torch.cuda.CUDAGraph)
-        assert isinstance(kept, sparse_input.SparseInput) == (warmup > 1)
+        assert isinstance(kept, sparse_input.SparseInput) == (warmup > 1) and (kept is None) == (warmup == 1)
         expected = _eager_losses(reference, x, edge_index, y, idx, warmup + STEPS)[warmup:]
     finally:
         fgplugin.set_sparse_input(previous)
@@ -353,3 +354,33 @@ def test_a_step_that_changes_on_every_call_runs_eagerly():
             opt.param_groups[0]["lr"] = 0.1 / (i + 2)
             step()
     assert step.graph is None and step.captures == 1 + graphed.MAX_CAPTURES_IN_A_ROW - 1
+
+
+@CUDA
+def test_a_frozen_parameter_or_an_error_before_a_new_capture():
+    """Freezing a parameter after the capture is seen (the replay would go on updating it); an
+    error in the training step that precedes a new capture is raised, and the step runs eagerly
+    from then on with the optimizer as the user made it."""
+    x, edge_index, y, idx, model, _ = _model_and_reference("cuda")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    fail = []
+
+    def loss_fn(out):
+        if fail:
+            raise RuntimeError("the user's loss failed")
+        return F.cross_entropy(out[idx], y[idx])
+
+    step = fgplugin.graphed_step(model, opt, loss_fn, x, edge_index)
+    step()
+    model.conv2.bias.requires_grad_(False)
+    frozen = model.conv2.bias.detach().clone()
+    step()
+    step()
+    assert step.captures == 2 and torch.equal(model.conv2.bias, frozen)
+    fail.append(True)
+    x.mul_(2.0)  # a change: the next call trains eagerly before capturing again, and that raises
+    with pytest.raises(RuntimeError, match="the user's loss failed"):
+        step()
+    assert step.graph is None and isinstance(opt.param_groups[0]["lr"], float)
+    fail.clear()
+    assert torch.isfinite(step())

@@ -331,6 +331,30 @@ def test_a_first_call_in_inference_mode_leaves_training_working(config, fgplugin
     assert x_train.grad is not None and all(p.grad is not None for p in ours.parameters())
 
 
+def test_a_compiled_layer_first_called_in_inference_mode_trains():
+    """Under torch.compile the graph of an edge_index is built eagerly behind a graph break; built
+    in inference mode, it too must hold normal tensors for the training step after."""
+    ei, _, n = graph_case("hub")
+    _, ours = make_pair("gcn", lambda cls: cls(8, 6))
+    compiled = torch.compile(ours, backend="eager")
+    x = torch.randn(n, 8)
+    with torch.inference_mode():
+        compiled(x, ei)
+    compiled(x.clone().requires_grad_(), ei).sum().backward()
+    assert all(p.grad is not None for p in ours.parameters())
+
+
+def test_an_edge_index_made_in_inference_mode_is_served(fgplugin_only):
+    """Such a tensor has no version counter to key the graph cache on: its graph is built for the
+    call and not kept."""
+    ei, _, n = graph_case("hub")
+    stock, ours = make_pair("gcn", lambda cls: cls(8, 6))
+    x = torch.randn(n, 8)
+    with torch.inference_mode():
+        made_there = ei.clone()
+        assert rel_err(ours(x, made_there), stock(x, ei)) < TOL
+
+
 def test_cached_semantics(fgplugin_only):
     ei, w, n = graph_case("path")
     x = torch.randn(n, 8)

@@ -23,6 +23,7 @@ import torch
 from torch_geometric.typing import SparseTensor
 
 from fgplugin import TiledAdjacency
+from fgplugin.inference_mode import outside_inference_mode
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 SPARSE_KINDS = ("torch.sparse", "SparseTensor")  # inputs that carry their own edge values
@@ -73,6 +74,8 @@ def graph_of(source, n_src: int | None, n_dst: int | None, flip: bool = False, s
 
 
 def _cached_graph(source, kind, key, n_src, n_dst, flip, strict):
+    if isinstance(source, torch.Tensor) and source.is_inference():  # no version to key a cache on
+        return _built(source, kind, n_src, n_dst, flip, strict)
     version = source._version if isinstance(source, torch.Tensor) else 0
     entry = _cache.get(id(source))
     if entry is None or entry[0]() is not source or entry[1] != version:
@@ -80,19 +83,25 @@ def _cached_graph(source, kind, key, n_src, n_dst, flip, strict):
         _cache[id(source)] = entry
     graph = entry[2].get(key)
     if graph is None:
-        try:
-            graph = _build(source, kind, n_src, n_dst, flip)
-        except NodeIdError:
-            raise
-        except (ValueError, TypeError, RuntimeError):
-            if strict:
-                raise
-            return None  # let the stock layer raise its own error for this input
-        entry[2][key] = graph
+        graph = _built(source, kind, n_src, n_dst, flip, strict)
+        if graph is not None:
+            entry[2][key] = graph
     return graph
 
 
-_cached_graph_eagerly = torch.compiler.disable(_cached_graph)
+def _built(source, kind, n_src, n_dst, flip, strict):
+    """The :class:`Graph` of ``source``, or ``None`` (the stock layer then raises its own error)."""
+    try:
+        return _build(source, kind, n_src, n_dst, flip)
+    except NodeIdError:
+        raise
+    except (ValueError, TypeError, RuntimeError):
+        if strict:
+            raise
+        return None
+
+
+_cached_graph_eagerly = torch.compiler.disable(outside_inference_mode(_cached_graph))
 
 
 def values_of(source) -> torch.Tensor | None:
