@@ -216,7 +216,7 @@ class TiledAdjacency:
             memo.pop(id(source), None)
             if copy.values is source:  # it holds the weights: at most one such entry, or they outlive their use
                 for key in [k for k, entry in list(memo.items()) if entry[2].values is entry[0]()]:
-                    del memo[key]
+                    memo.pop(key, None)  # (a weak reference's callback may have dropped it meanwhile)
             memo[id(source)] = (weakref.ref(source, _forget_in(memo, id(source))),
                                 (source._version, copy.values._version), copy)
             while len(memo) > MAX_WEIGHTED_COPIES:
