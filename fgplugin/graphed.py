@@ -22,21 +22,24 @@ What capture needs, and what this does about it:
 - **Hyperparameters.** An Adam or AdamW whose update reads its learning rate from the GPU
   (``capturable`` or ``fused``, as below) gets ``lr`` as a one-element CUDA tensor, which
   learning-rate schedulers update in place, so replays follow them. Any other change to a param
-  group (another optimizer's ``lr``, weight decay, betas, ``add_param_group``) or an
-  ``optimizer.load_state_dict`` makes the next call train eagerly and capture again; a step that
+  group (another optimizer's ``lr``, weight decay, betas, ``add_param_group``), an
+  ``optimizer.load_state_dict``, ``model.train()`` / ``eval()`` or a parameter frozen
+  (``requires_grad_(False)``) makes the next call train eagerly and capture again; a step that
   changes on ``MAX_CAPTURES_IN_A_ROW`` calls in a row runs eagerly from then on, with a warning.
 - **No host sync in the step.** A boolean mask index (``out[mask]``) has a data-dependent size:
   index with ``mask.nonzero()`` computed once, as above. fgplugin's zero-row skipping
   (fgplugin.grad_rows) finds the live rows of a gradient on the host, so it is off while the
   step is warmed up and captured (the captured backward runs the full products); the kept input
-  aggregation (fgplugin.input_cache) is filled in the warm-up and read by the graph, its form
-  (dense, or a mostly-zero input kept sparse: fgplugin.sparse_input) chosen by device time alone.
+  aggregation (fgplugin.input_cache) is filled in the warm-up (from its second step: with
+  ``warmup=1`` the graph computes it every replay) and read by the graph, its form (dense, or a
+  mostly-zero input kept sparse: fgplugin.sparse_input) chosen by device time alone.
 - **Optimizers**: those with a ``capturable`` option (Adam, AdamW, ...) are switched to it, which
   keeps their step counts on the GPU. Adam and AdamW left at torch's default implementation
   (neither ``foreach`` nor ``fused`` given) are switched to their fused one: the same update in
   one kernel for all parameters instead of a dozen multi-tensor kernels, which in a replayed step
-  are kernel time, not hidden host time (where the capture fails, they are switched back). A ``GradScaler`` (fp16) syncs on every step and cannot be
-  captured; bf16 autocast can (``autocast=torch.bfloat16``).
+  are kernel time, not hidden host time (where the capture fails, they are switched back). A
+  ``GradScaler`` (fp16) syncs on every step and cannot be captured; bf16 autocast can
+  (``autocast=torch.bfloat16``).
 - The ``warmup`` steps before the capture are real training steps on a side stream, as torch's
   whole-network capture recipe has them.
 - ``before_step``: a callable run after the backward pass and before ``optimizer.step()``, inside
