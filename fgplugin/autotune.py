@@ -59,6 +59,7 @@ def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, c
     weighted = values is not None
     _, counts = torch.unique(tile_keys(rows_of_edges(adj.rowptr, adj.nnz), adj.col, n_cols, tile_size),
                              return_counts=True)
+    timed: list[float] = []  # the medians so far, for fastest_plan
 
     def time_group(group: list[float]) -> float:
         thr = max(group)  # the group's plan; 1.0 when it has no dense tile
@@ -81,8 +82,6 @@ def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, c
             fastest_plan[thr] = plan
         timed.append(ms)
         return ms
-
-    timed: list[float] = []
 
     groups = plan_groups(counts, adj.nnz, candidates, tile_size)
     if len(groups) == 1:  # every candidate makes the same plan: nothing to choose, nothing timed

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
+import torch
+
 # per thread (and task), like the capture itself
 _held = contextvars.ContextVar("fgplugin_capture_holds", default=None)
 
@@ -33,3 +35,9 @@ def hold(obj):
     if held is not None:
         held.append(obj)
     return obj
+
+
+def capturing(t) -> bool:
+    """Whether ``t`` is a CUDA tensor and the current stream is capturing a CUDA graph (where a
+    host sync, e.g. a check or a timing, would fail the capture)."""
+    return isinstance(t, torch.Tensor) and t.is_cuda and torch.cuda.is_current_stream_capturing()

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from . import autotune
-from .capture_holds import hold
+from .capture_holds import capturing, hold
 from ._csr import rows_of_edges
 from .config import settings
 from .eager import plain_eager
@@ -88,7 +88,7 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag, ours, sources: tuple) -> bo
         return False
     if not _applies(adj, x, row_scale, col_scale, diag, forced):
         return False
-    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+    if capturing(x):
         # timing and folding need host syncs: a capture takes cuSPARSE only with its fold at hand
         return (forced or choice is True) and _kept_fold(adj, sources) is not None
     if forced:

@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .capture_holds import hold
+from .capture_holds import capturing, hold
 from .config import settings
 from .inference_mode import in_inference_mode
 
@@ -130,7 +130,7 @@ class InputCache:
             return None
         if not _fits(nbytes, x.device):
             return None
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        if capturing(x):
             # a capture records the aggregation's kernels without running them: kept now, it would
             # be read unfilled by any call before the first replay. The graph computes it instead.
             return None

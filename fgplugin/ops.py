@@ -247,15 +247,11 @@ def input_grads(args: OpArgs, grad: torch.Tensor, need, skip_zero_rows: bool = F
         if args.t_rowptr is None:
             raise RuntimeError("fgplugin.spmm: the backward pass needs the transpose; call fgplugin.spmm(adj, x) "
                                "instead of torch.ops.fgplugin.spmm so that it is passed")
-        restricted = None
-        if skip_zero_rows:
-            restricted = grad_rows.restrict_to_live_rows(args.t_rowptr, args.t_col, args.t_values, grad,
-                                                         args.t_plan is not None)
 
         def adjoint(out_scale):
-            if restricted is None:
-                return args.adjoint(grad, out_scale).call()
-            return csr_product(*restricted[:3], grad, out_scale, r, d, restricted[3])
+            out = _adjoint_over_live_rows(args.t_rowptr, args.t_col, args.t_values, args.t_plan, grad, out_scale, r,
+                                          d) if skip_zero_rows else None
+            return args.adjoint(grad, out_scale).call() if out is None else out
 
         if need_c:
             z = adjoint(None)
@@ -328,8 +324,8 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     given = (row_scale, col_scale, diag)  # as passed: what a kept cuSPARSE fold is found by
     row_scale, col_scale, diag = checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
     if settings.cusparse != "0" and cusparse.runs(adj, x, row_scale, col_scale, diag, checked_product, given):
-        return cusparse.product(adj, x, row_scale, col_scale, diag, given,
-                                _restricted_adjoint(adj, row_scale, col_scale, diag, x.shape[1]))
+        restricted = _restricted_adjoint(adj, row_scale, col_scale, diag, x.shape[1]) if with_transpose else None
+        return cusparse.product(adj, x, row_scale, col_scale, diag, given, restricted)
     return checked_product(adj, x, row_scale, col_scale, diag, with_transpose)
 
 
@@ -349,13 +345,18 @@ def _restricted_adjoint(adj: TiledAdjacency, row_scale, col_scale, diag, width: 
         return None
 
     def product(g: torch.Tensor) -> torch.Tensor | None:
-        t_rowptr, t_col, t_values, t_plan = _adjacency_args(adj, g.dtype, True)[5:9]
-        restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, t_plan is not None)
-        if restricted is None:
-            return None
-        return csr_product(*restricted[:3], g, col_scale, row_scale, diag, restricted[3])
+        return _adjoint_over_live_rows(*_adjacency_args(adj, g.dtype, True)[5:9], g, col_scale, row_scale, diag)
 
     return product
+
+
+def _adjoint_over_live_rows(t_rowptr, t_col, t_values, t_plan, g, out_scale, row_scale, diag):
+    """``diag(out_scale) (A^T + diag(d)) diag(r) g`` over the non-zero rows of ``g`` alone, or
+    ``None`` where the zero-row skipping does not apply (fgplugin.grad_rows decides)."""
+    restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, t_plan is not None)
+    if restricted is None:
+        return None
+    return csr_product(*restricted[:3], g, out_scale, row_scale, diag, restricted[3])
 
 
 def spmm_adjoint(adj: TiledAdjacency, g: torch.Tensor, row_scale=None, col_scale=None, diag=None) -> torch.Tensor:

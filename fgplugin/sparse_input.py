@@ -28,6 +28,7 @@ from torch import Tensor
 
 from . import autotune, ops
 from ._csr import rowptr_from_sorted_rows
+from .capture_holds import capturing
 from .config import set_row_skipping, settings
 from .tiling import TiledAdjacency
 
@@ -76,7 +77,7 @@ def keep(graph, x: Tensor, width: int, hops: int) -> SparseInput | None:
     ``[F, width]`` weight; else ``None`` (keep ``A^K x`` dense)."""
     if settings.sparse_input == "0" or x.dim() != 2 or x.dtype != torch.float32 or x.numel() == 0:
         return None
-    if x.is_cuda and torch.cuda.is_current_stream_capturing():  # counting and timing need host syncs
+    if capturing(x):  # counting and timing need host syncs
         return None
     work = int(torch.count_nonzero(x)) + hops * graph.adj.nnz
     if settings.sparse_input != "1" and work > MAX_SPARSE_SHARE * graph.shape[0] * x.shape[1]:  # A^K x's size

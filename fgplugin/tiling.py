@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import autotune
-from .capture_holds import hold
+from .capture_holds import capturing, hold
 from .inference_mode import outside_inference_mode
 from ._csr import index_dtype_for, inverse_permutation, rows_of_edges, rowptr_from_sorted_rows
 from .kernel_plan import KernelPlan, block_adaptive_available, build_kernel_plan
@@ -35,11 +35,6 @@ def _forget_in(memo: dict, key: int):
         if entry is not None and entry[0] is ref:
             del memo[key]
     return forget
-
-
-def _capturing(t) -> bool:
-    """Whether ``t`` is a CUDA tensor and its device's current stream is capturing a CUDA graph."""
-    return isinstance(t, torch.Tensor) and t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 @dataclass
@@ -208,7 +203,7 @@ class TiledAdjacency:
                 return hold(kept[2])
         source = edge_values
         edge_values = check_edge_values(edge_values, self.nnz, "edge values", self.device,
-                                        check_finite=not (torch.compiler.is_compiling() or _capturing(edge_values)))
+                                        check_finite=not (torch.compiler.is_compiling() or capturing(edge_values)))
         if self.edge_perm is not None:
             edge_values = edge_values[self.edge_perm.long()]
         copy = self._copy(values=edge_values)
