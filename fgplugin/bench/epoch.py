@@ -448,7 +448,7 @@ def _warm_up_kernels(device: torch.device) -> None:
 def _warm_up_models(device: torch.device, impls, models, orders=("original",)) -> None:
     """Reorders a tiny graph in each of ``orders`` and builds each impl's model on it once,
     untimed: a process pays once for the first layer of a class it builds (PyG generates code for
-    the class: 23-29 ms for a GCNConv, stock or fgplugin's, on the 2-core CPU) and for the first
+    the class: 22-28 ms for a GCNConv, stock or fgplugin's, on the 2-core CPU) and for the first
     reordering and threshold probe (CUDA loads their kernels on first launch: the first graph's
     community order took 68 ms of reordering and plans on an H100, the others 21-33), which
     belongs to no graph's preprocessing. Failures are left to the impl's own rows."""
