@@ -138,6 +138,8 @@ def _kept(graph, x: Tensor, hops: int, owner, settings: tuple, node_dim: int,
     ``x`` as a :class:`fgplugin.sparse_input.SparseInput`; else ``None``."""
     if owner is None or not graph.key:
         return None
+    if x.requires_grad:  # every layer's input but the first's in training: never kept (the cache says so)
+        return input_cache.of(owner).get(x, (), 0, None)
     nbytes = x.numel() // max(x.shape[node_dim], 1) * graph.shape[0] * x.element_size()
     may_be_sparse = weight is not None and weight.dim() == 2 and x.dim() == 2 and node_dim % 2 == 0 \
         and isinstance(graph, Aggregation)
@@ -193,7 +195,8 @@ def linear_parts(module, kinds: tuple = (torch.nn.Linear,)) -> tuple[Tensor, Ten
     caller applies the module)."""
     if type(module) not in kinds or module._forward_hooks or module._forward_pre_hooks:
         return None
-    if isinstance(module.weight, torch.nn.parameter.UninitializedParameter):
+    # the mixin, not UninitializedParameter: Parameter's metaclass makes isinstance on it a Python call
+    if isinstance(module.weight, torch.nn.parameter.UninitializedTensorMixin):
         return None
     return module.weight.t(), module.bias
 
