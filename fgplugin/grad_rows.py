@@ -137,6 +137,13 @@ def total_build_s() -> float:
     return _total_build_s
 
 
+def may_apply(nnz: int, width: int, device_type: str) -> bool:
+    """Whether the skipping may apply to a backward product of ``nnz`` non-zeros and ``width``
+    columns on ``device_type``: switched on, and at least ``MIN_WORK`` multiply-adds (the rest is
+    decided per gradient)."""
+    return settings.skip_zero_rows and nnz * width >= MIN_WORK.get(device_type, MIN_WORK["cuda"])
+
+
 def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: bool):
     """``(rowptr, col, values, plan)`` of the CSR ``(rowptr, col, values)`` restricted to the
     columns whose row of ``x`` is not zero, for the product with ``x``; or ``None`` when the full
@@ -147,7 +154,7 @@ def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: 
     if not settings.skip_zero_rows or torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dim() != 2:
         return None
     n, width = x.shape
-    if n == 0 or width == 0 or col.numel() * width < MIN_WORK.get(x.device.type, MIN_WORK["cuda"]):
+    if n == 0 or width == 0 or not may_apply(col.numel(), width, x.device.type):
         return None
     entry = _entry(col)
     if entry.misses >= MAX_MISSES:

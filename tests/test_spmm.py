@@ -386,3 +386,40 @@ def test_an_in_place_write_to_the_edge_values_is_seen(values_dtype):
     assert rel_error(out, dense @ x.double()) < 1e-6
     assert rel_error(x.grad, dense.t() @ torch.ones(30, 4, dtype=torch.float64)) < 1e-6
     assert all(not torch.equal(a, b) for a, b in zip(adj.norm("gcn", dtype=torch.float32)[:2], scales[:2]))
+
+
+def test_product_needing_the_gradient_of_x_alone_has_a_cpp_autograd_node(monkeypatch):
+    """Where only ``x`` needs a gradient and the zero-row skipping cannot apply, the product's
+    autograd node is the extension's C++ one (``spmm_wrt_x``); its gradients, first and second,
+    match the dense float64 reference. Any other case keeps the Python autograd function."""
+    if not fgplugin.extension_status().loaded:
+        pytest.skip("the C++ autograd node is the extension's; the reference path has the Python one alone")
+    from fgplugin import grad_rows
+
+    case = random_graph_case(7, n_src=50)
+    adj = case.adjacency()
+    g = torch.Generator().manual_seed(8)
+    r, c, d = _scales(adj, "custom", g)
+    r, c, d = r.double(), c.double(), d.double()
+    x = torch.randn(50, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    out = fgplugin.spmm(adj, x, r, c, d)
+    assert out.grad_fn.name().endswith("::SpmmWrtX>")  # torch::autograd::CppNode<...>
+    grad_out = torch.randn(out.shape, generator=g, dtype=torch.float64, requires_grad=True)
+    (grad_x,) = torch.autograd.grad(out, x, grad_out, create_graph=True)
+    dense = case.dense().double()
+    assert rel_error(out, dense_spmm(dense, x.detach(), r, c, d)) <= 1e-12
+    assert rel_error(grad_x, dense_spmm(dense.t(), grad_out.detach(), c, r, d)) <= 1e-12
+    # second order: d<grad_x, v>/d grad_out = A-product of v (the adjoint's adjoint)
+    v = torch.randn(grad_x.shape, generator=g, dtype=torch.float64)
+    (second,) = torch.autograd.grad(grad_x, grad_out, v)
+    assert rel_error(second, dense_spmm(dense, v, r, c, d)) <= 1e-12
+    assert torch.autograd.gradcheck(lambda x: fgplugin.spmm(adj, x, r, c, d), (x,))
+    assert torch.autograd.gradgradcheck(lambda x: fgplugin.spmm(adj, x, r, c, d), (x,))
+
+    python_node = "_SpmmAutogradBackward"
+    assert fgplugin.spmm(adj, x, r.requires_grad_(), c, d).grad_fn.name() == python_node
+    r.requires_grad_(False)
+    weighted = adj.with_values(torch.rand(case.edge_index.shape[1], dtype=torch.float64, requires_grad=True))
+    assert fgplugin.spmm(weighted, x, r, c, d).grad_fn.name() == python_node
+    monkeypatch.setitem(grad_rows.MIN_WORK, "cpu", 0)  # the zero-row skipping may apply now
+    assert fgplugin.spmm(adj, x, r, c, d).grad_fn.name() == python_node

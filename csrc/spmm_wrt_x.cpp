@@ -1,0 +1,112 @@
+// spmm_wrt_x: the spmm op (same schema, same result) with an autograd node of its own, written in
+// C++, for the call that needs the gradient with respect to x alone:
+//
+//   grad_x = diag(col_scale) (A^T + diag(diag)) diag(row_scale) g      the spmm op on A's transpose
+//
+// fgplugin/ops.py's run_spmm calls it in plain eager mode where that is all its backward would do
+// (no other input needs a gradient, and the zero-row skipping cannot apply: the product is below
+// its work floor). Those are the products of small graphs, whose training step is bound by host
+// time: the general autograd of the op (every input, the zero-row skipping, functorch) is a
+// Python torch.autograd.Function in fgplugin/ops.py, and its node and backward cost more host
+// time per product than the kernels take there.
+//
+// Both products run the spmm op below autograd and autocast (run_spmm applied autocast's cast to
+// x already); a backward that must itself be differentiable (create_graph=True) calls the op
+// through the dispatcher, so its Python autograd records it.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "common.h"
+
+namespace fgplugin {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptTensor = std::optional<at::Tensor>;
+
+const c10::TypedOperatorHandle<SpmmOp>& spmm_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fgplugin::spmm", "").typed<SpmmOp>();
+  return op;
+}
+
+// The op on the device kernels, below autograd and autocast.
+at::Tensor spmm_below_autograd(const at::Tensor& rowptr, const at::Tensor& col, const OptTensor& values,
+                               const at::Tensor& x, const OptTensor& row_scale, const OptTensor& col_scale,
+                               const OptTensor& diag, const OptTensor& plan, at::IntArrayRef plan_layout,
+                               const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_values,
+                               const OptTensor& t_plan, at::IntArrayRef t_plan_layout) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return spmm_op().call(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr, t_col,
+                        t_values, t_plan, t_plan_layout);
+}
+
+OptTensor optional_of(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+
+at::Tensor tensor_of(const OptTensor& t) { return t.has_value() ? *t : at::Tensor(); }
+
+struct SpmmWrtX : public torch::autograd::Function<SpmmWrtX> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rowptr, const at::Tensor& col,
+                            const OptTensor& values, const at::Tensor& x, const OptTensor& row_scale,
+                            const OptTensor& col_scale, const OptTensor& diag, const OptTensor& plan,
+                            at::IntArrayRef plan_layout, const OptTensor& t_rowptr, const OptTensor& t_col,
+                            const OptTensor& t_values, const OptTensor& t_plan, at::IntArrayRef t_plan_layout) {
+    TORCH_CHECK(t_rowptr.has_value() && t_col.has_value(),
+                "fgplugin.spmm_wrt_x: the backward pass needs the transpose (t_rowptr, t_col); call "
+                "fgplugin.spmm(adj, x) so that it is passed");
+    ctx->save_for_backward({rowptr, col, tensor_of(values), tensor_of(row_scale), tensor_of(col_scale),
+                            tensor_of(diag), tensor_of(plan), *t_rowptr, *t_col, tensor_of(t_values),
+                            tensor_of(t_plan)});
+    ctx->saved_data["plan_layout"] = plan_layout.vec();
+    ctx->saved_data["t_plan_layout"] = t_plan_layout.vec();
+    return spmm_below_autograd(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr,
+                               t_col, t_values, t_plan, t_plan_layout);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& rowptr = saved[0];
+    const auto& col = saved[1];
+    const auto values = optional_of(saved[2]), row_scale = optional_of(saved[3]), col_scale = optional_of(saved[4]);
+    const auto diag = optional_of(saved[5]), plan = optional_of(saved[6]);
+    const auto t_rowptr = saved[7], t_col = saved[8];
+    const auto t_values = optional_of(saved[9]), t_plan = optional_of(saved[10]);
+    const auto plan_layout = ctx->saved_data["plan_layout"].toIntVector();
+    const auto t_plan_layout = ctx->saved_data["t_plan_layout"].toIntVector();
+    const at::Tensor& g = grads[0];
+    // The adjoint product: the op on A's transpose, the output scaled by c and the input by r.
+    at::Tensor grad_x =
+        at::GradMode::is_enabled()
+            ? spmm_op().call(t_rowptr, t_col, t_values, g, col_scale, row_scale, diag, t_plan, t_plan_layout, rowptr,
+                             col, values, plan, plan_layout)
+            : spmm_below_autograd(t_rowptr, t_col, t_values, g, col_scale, row_scale, diag, t_plan, t_plan_layout,
+                                  rowptr, col, values, plan, plan_layout);
+    variable_list out(14);
+    out[3] = grad_x;
+    return out;
+  }
+};
+
+at::Tensor spmm_wrt_x(const at::Tensor& rowptr, const at::Tensor& col, const OptTensor& values, const at::Tensor& x,
+                      const OptTensor& row_scale, const OptTensor& col_scale, const OptTensor& diag,
+                      const OptTensor& plan, at::IntArrayRef plan_layout, const OptTensor& t_rowptr,
+                      const OptTensor& t_col, const OptTensor& t_values, const OptTensor& t_plan,
+                      at::IntArrayRef t_plan_layout) {
+  return SpmmWrtX::apply(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr, t_col,
+                         t_values, t_plan, t_plan_layout);
+}
+
+}  // namespace
+}  // namespace fgplugin
+
+TORCH_LIBRARY_FRAGMENT(fgplugin, m) {
+  m.def(
+      "spmm_wrt_x(Tensor rowptr, Tensor col, Tensor? values, Tensor x, Tensor? row_scale, Tensor? col_scale, "
+      "Tensor? diag, Tensor? plan, int[] plan_layout, Tensor? t_rowptr, Tensor? t_col, Tensor? t_values, "
+      "Tensor? t_plan, int[] t_plan_layout) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fgplugin, CompositeImplicitAutograd, m) { m.impl("spmm_wrt_x", &fgplugin::spmm_wrt_x); }
