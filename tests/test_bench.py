@@ -377,6 +377,29 @@ def test_missing_framework_row_keeps_its_place(monkeypatch):
     assert all(r["ms_median"] is None and r["error"] == "DGL not installed" for r in rows)
 
 
+def test_epoch_rounds_alternate_the_impls(monkeypatch):
+    from fgplugin.bench import epoch
+
+    order = []
+    timed = epoch.timed
+
+    def logged(step, device, steps, peak_memory=False):
+        order.append((step, steps))
+        return timed(step, device, steps, peak_memory)
+
+    monkeypatch.setattr(epoch, "timed", logged)
+    rows = epoch.run_epoch_suite(["tiny"], ("fgplugin", "cusparse-cached", "no-such-impl"), ("original",), epochs=7,
+                                 warmup=1, log=lambda *a: None, rounds=3)
+    steps = [n for _, n in order]
+    assert steps == [3, 3, 2, 2, 2, 2]  # 7 steps in 3 rounds, the two impls that built taking turns
+    assert order[0][0] is not order[1][0] and order[0][0] is order[2][0]
+    by_impl = {r["impl"]: r for r in rows if r["op"] == "epoch"}
+    for impl in ("fgplugin", "cusparse-cached"):
+        assert by_impl[impl]["reps"] == 7 and by_impl[impl]["ms_median"] > 0 and by_impl[impl]["peak_mem_bytes"] is None
+    assert by_impl["no-such-impl"]["ms_median"] is None and "unknown impl" in by_impl["no-such-impl"]["error"]
+    assert [r["impl"] for r in rows if r["op"] == "epoch"] == ["fgplugin", "cusparse-cached", "no-such-impl"]
+
+
 def test_bench_does_not_import_frameworks():
     code = "import sys, fgplugin.bench, fgplugin.bench.epoch, fgplugin.bench.report, fgplugin.bench.spmm, " \
            "fgplugin.bench.scaling; print('torch_geometric' in sys.modules, 'dgl' in sys.modules)"

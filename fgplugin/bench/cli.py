@@ -74,6 +74,9 @@ def parser() -> argparse.ArgumentParser:
                     help="epoch/reorder: timed steps per row (default 20, after --warmup); accuracy: training "
                          "epochs (200)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="epoch: time each graph's impls in this many alternating rounds, all built at once (default "
+                         "1: one impl after the other, each alone in memory)")
     ap.add_argument("--hidden", type=int, default=None, help="hidden width (default 128 reddit/proteins/archaea-like, "
                                                             "else 64)")
     ap.add_argument("--seeds", default="0,1,2,3,4", help="accuracy: comma list of seeds")
@@ -307,11 +310,12 @@ def main(argv=None) -> int:
         epochs = args.epochs or 20
         models = _models(args, ap)
         precisions = _precisions(args, ap, epoch.AUTOCAST)
-        extra_keys.update(epochs_timed=epochs, warmup=args.warmup, models=models, precisions=precisions)
+        extra_keys.update(epochs_timed=epochs, warmup=args.warmup, models=models, precisions=precisions,
+                          rounds=args.rounds)
 
         rows = epoch.run_epoch_suite(graphs, impls, orders, epochs, device, args.hidden, warmup=args.warmup,
                                      progress=bar, log=_log, checkpoint=checkpoint, models=models,
-                                     precisions=precisions)
+                                     precisions=precisions, rounds=args.rounds)
     elif args.suite == "reorder":
         graphs = graphs or list(epoch.GPU_GRAPHS if device.type == "cuda" else epoch.CPU_GRAPHS)
         epochs = args.epochs or 20

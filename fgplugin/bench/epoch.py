@@ -30,7 +30,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -200,11 +200,11 @@ def train_step(model, graph, problem: Problem, optimizer, precision: str = "fp32
         scaler.update()
 
 
-def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3, precision: str = "fp32",
-               graphed: bool = False):
-    """``(ms per step list, peak_mem_bytes or None)``; ``graphed``: the step captured as one CUDA
-    graph by :func:`fgplugin.graphed_step` after the warm-up (its loss indexes the training rows,
-    which a captured step needs, instead of masking them)."""
+def warmed_up_step(model, graph, problem: Problem, warmup: int = 3, precision: str = "fp32", graphed: bool = False):
+    """The model's training step (Adam, as the suites train), after ``warmup`` untimed steps;
+    ``graphed``: the step captured as one CUDA graph by :func:`fgplugin.graphed_step` after the
+    warm-up (its loss indexes the training rows, which a captured step needs, instead of masking
+    them)."""
     device = problem.x.device
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
@@ -217,24 +217,30 @@ def time_steps(model, graph, problem: Problem, epochs: int, warmup: int = 3, pre
         if scaler is not None:
             raise ValueError("a captured step cannot use fp16's GradScaler (it syncs every step); use bf16")
         idx = problem.train_mask.nonzero().squeeze(1)
-        step = fgplugin.graphed_step(model, optimizer, lambda out: F.cross_entropy(out[idx].float(), problem.y[idx]),
+        return fgplugin.graphed_step(model, optimizer, lambda out: F.cross_entropy(out[idx].float(), problem.y[idx]),
                                      problem.x, graph, warmup=warmup, autocast=AUTOCAST[precision])
-    else:
-        for _ in range(warmup):
-            step()
-    times = []
+    for _ in range(warmup):
+        step()
+    return step
+
+
+def timed(step, device: torch.device, steps: int, peak_memory: bool = False):
+    """``(ms per step list, peak_mem_bytes or None)`` of ``steps`` calls of ``step``: CUDA events
+    on a GPU (the peak memory with ``peak_memory``), the host clock elsewhere."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(epochs)]
+        if peak_memory:
+            torch.cuda.reset_peak_memory_stats(device)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
         for start, end in events:
             start.record()
             step()
             end.record()
         torch.cuda.synchronize(device)
-        times = [s.elapsed_time(e) for s, e in events]
-        return times, int(torch.cuda.max_memory_allocated(device))
-    for _ in range(epochs):
+        peak = int(torch.cuda.max_memory_allocated(device)) if peak_memory else None
+        return [s.elapsed_time(e) for s, e in events], peak
+    times = []
+    for _ in range(steps):
         start = time.perf_counter()
         step()
         times.append(1e3 * (time.perf_counter() - start))
@@ -288,52 +294,105 @@ def _free(device):
 def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0, warmup: int = 3,
             model_name: str = "gcn", precision: str = "fp32") -> list[dict]:
     """The epoch, preprocess and train200 rows of one (graph, order, impl, model, precision)."""
-    device = problem.x.device
-    common = {"graph": problem.name, "order": problem.order, "impl": impl, "model": model_name,
-              "F": problem.num_features, "hidden": hidden, "precision": precision, "nodes": problem.num_nodes,
-              "nnz": problem.edge_index.shape[1]}
-    model = graph = error = None
-    shortcuts = impl != "fgplugin-kernels"
-    cache_was, skip_was = fgplugin.set_input_cache(shortcuts), fgplugin.set_row_skipping(shortcuts)
-    built_before = grad_rows.total_build_s()
-    try:
-        weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, device,
-                                              root=model_name == "sage")
-        adj = problem.adj if impl in FGPLUGIN_PYG else None
-        model, graph, setup_s = baselines.build(impl, weights, problem.edge_index, problem.num_nodes, adj=adj,
-                                                model=model_name)
-        if impl in FGPLUGIN_PYG:
-            if adj is not None:
-                setup_s += problem.plan_s  # the tile plan was built with the reordering
-            common["threshold"] = graph.prepare()  # cached: the probe's choice (None off CUDA)
-        torch.manual_seed(seed)
-        times, peak = time_steps(model, graph, problem, epochs, warmup, precision, graphed=impl == "fgplugin-graphed")
-        kept = kept_input(model)
-        rows_s = grad_rows.total_build_s() - built_before  # built in the warm-up steps
-        cache_s = input_cache_build_s(model, graph, problem)
-    except Exception as err:  # noqa: BLE001 - a failed row keeps its place
-        error = _error_text(err)  # leaving the block drops the traceback and the tensors it holds
-    finally:
-        fgplugin.set_input_cache(cache_was)
-        fgplugin.set_row_skipping(skip_was)
-    del model, graph
-    _free(device)
-    if impl == "fgplugin-sharded":
-        baselines.end_one_rank_group()
-    if error is not None:
-        return [{**common, "op": op, "ms_median": None, "error": error} for op in ("epoch", "preprocess", "train200")]
-    median = statistics.median(times)
-    pre_ms = 1e3 * (problem.reorder_s + setup_s + (cache_s or 0.0) + rows_s)
-    cache = {} if cache_s is None else {"input_cache_ms": 1e3 * cache_s}
-    if rows_s:
-        cache["grad_rows_ms"] = 1e3 * rows_s
-    return [
-        {**common, "op": "epoch", "ms_median": median, "ms_min": min(times), "ms_max": max(times), "reps": len(times),
-         "warmup": warmup, "peak_mem_bytes": peak, **({} if kept is None else {"kept_input": kept})},
-        {**common, "op": "preprocess", "ms_median": pre_ms, "reorder_ms": 1e3 * problem.reorder_s,
-         "setup_ms": 1e3 * setup_s, **cache},
-        {**common, "op": "train200", "ms_median": pre_ms + 200 * median, "estimated": True},
-    ]
+    run = ImplRun(problem, impl, hidden, seed, warmup, model_name, precision)
+    run.time(epochs, peak_memory=True)
+    return run.finish()
+
+
+class ImplRun:
+    """One (graph, order, impl, model, precision) of the epoch suite: its model built and warmed up,
+    timed in one or more rounds (:meth:`time`; the suite alternates the impls of a graph between
+    rounds), then freed into its rows (:meth:`finish`). A failure anywhere becomes the rows'
+    ``error``."""
+
+    def __init__(self, problem: Problem, impl: str, hidden: int, seed: int = 0, warmup: int = 3,
+                 model_name: str = "gcn", precision: str = "fp32"):
+        self.problem, self.impl, self.warmup = problem, impl, warmup
+        self.common = {"graph": problem.name, "order": problem.order, "impl": impl, "model": model_name,
+                       "F": problem.num_features, "hidden": hidden, "precision": precision,
+                       "nodes": problem.num_nodes, "nnz": problem.edge_index.shape[1]}
+        self.times, self.peak, self.error = [], None, None
+        self.model = self.graph = self.step = None
+        self.setup_s = self.rows_s = 0.0  # rows_s: zero-row restrictions built in this impl's steps
+        device = problem.x.device
+        with self._shortcuts_as_impl():
+            try:
+                weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, device,
+                                                      root=model_name == "sage")
+                adj = problem.adj if impl in FGPLUGIN_PYG else None
+                self.model, self.graph, self.setup_s = baselines.build(impl, weights, problem.edge_index,
+                                                                       problem.num_nodes, adj=adj, model=model_name)
+                if impl in FGPLUGIN_PYG:
+                    if adj is not None:
+                        self.setup_s += problem.plan_s  # the tile plan was built with the reordering
+                    self.common["threshold"] = self.graph.prepare()  # cached: the probe's choice (None off CUDA)
+                torch.manual_seed(seed)
+                self.step = warmed_up_step(self.model, self.graph, problem, warmup, precision,
+                                           graphed=impl == "fgplugin-graphed")
+            except Exception as err:  # noqa: BLE001 - a failed row keeps its place
+                self.error = _error_text(err)  # leaving the block drops the traceback and the tensors it holds
+
+    @contextmanager
+    def _shortcuts_as_impl(self):
+        """The input cache and zero-row skipping on, or off for ``fgplugin-kernels``, while this impl
+        runs; the restrictions built meanwhile counted as its preprocessing."""
+        shortcuts = self.impl != "fgplugin-kernels"
+        cache_was, skip_was = fgplugin.set_input_cache(shortcuts), fgplugin.set_row_skipping(shortcuts)
+        built_before = grad_rows.total_build_s()
+        try:
+            yield
+        finally:
+            self.rows_s += grad_rows.total_build_s() - built_before
+            fgplugin.set_input_cache(cache_was)
+            fgplugin.set_row_skipping(skip_was)
+
+    def time(self, steps: int, peak_memory: bool = False) -> None:
+        """Times ``steps`` more steps; ``peak_memory``: record the peak GPU memory (meaningful only
+        while no other impl's model is alive)."""
+        if self.error is not None:
+            return
+        with self._shortcuts_as_impl():
+            try:
+                times, peak = timed(self.step, self.problem.x.device, steps, peak_memory)
+            except Exception as err:  # noqa: BLE001
+                self.error = _error_text(err)
+                return
+        self.times += times
+        if peak is not None:
+            self.peak = max(peak, self.peak or 0)
+
+    def finish(self) -> list[dict]:
+        """The epoch, preprocess and train200 rows; frees the model."""
+        kept = cache_s = None
+        if self.error is None:
+            with self._shortcuts_as_impl():
+                try:
+                    kept = kept_input(self.model)
+                    cache_s = input_cache_build_s(self.model, self.graph, self.problem)
+                except Exception as err:  # noqa: BLE001
+                    self.error = _error_text(err)
+        self.model = self.graph = self.step = None
+        _free(self.problem.x.device)
+        if self.impl == "fgplugin-sharded":
+            baselines.end_one_rank_group()
+        common = self.common
+        if self.error is not None:
+            return [{**common, "op": op, "ms_median": None, "error": self.error}
+                    for op in ("epoch", "preprocess", "train200")]
+        times = self.times
+        median = statistics.median(times)
+        pre_ms = 1e3 * (self.problem.reorder_s + self.setup_s + (cache_s or 0.0) + self.rows_s)
+        cache = {} if cache_s is None else {"input_cache_ms": 1e3 * cache_s}
+        if self.rows_s:
+            cache["grad_rows_ms"] = 1e3 * self.rows_s
+        return [
+            {**common, "op": "epoch", "ms_median": median, "ms_min": min(times), "ms_max": max(times),
+             "reps": len(times), "warmup": self.warmup, "peak_mem_bytes": self.peak,
+             **({} if kept is None else {"kept_input": kept})},
+            {**common, "op": "preprocess", "ms_median": pre_ms, "reorder_ms": 1e3 * self.problem.reorder_s,
+             "setup_ms": 1e3 * self.setup_s, **cache},
+            {**common, "op": "train200", "ms_median": pre_ms + 200 * median, "estimated": True},
+        ]
 
 
 def kept_input(model) -> str | None:
@@ -380,10 +439,16 @@ def input_cache_build_s(model, graph, problem: Problem, reps: int = 3) -> float 
 
 def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epochs: int = 20, device="cpu",
                     hidden: int | None = None, seed: int = 0, warmup: int = 3, progress=None, log=print,
-                    checkpoint=None, models=("gcn",), precisions=("fp32",)) -> list[dict]:
+                    checkpoint=None, models=("gcn",), precisions=("fp32",), rounds: int = 1) -> list[dict]:
     """All rows of the epoch suite, for each of ``models`` (baselines.MODELS) and ``precisions``
     (``AUTOCAST``); ``progress(total)`` returns a bar with ``update()`` (or None);
-    ``checkpoint(rows)`` is called after each graph (to write partial results)."""
+    ``checkpoint(rows)`` is called after each graph (to write partial results).
+
+    ``rounds`` > 1 builds every impl of a graph first and times their ``epochs`` steps in that many
+    rounds, the impls taking turns, so that a slow spell of the host (launch-bound steps of a few
+    ms moved by up to 30% within seconds on a lent H100) falls on all of them alike; peak memory
+    is then not recorded (the other impls' models are alive). ``rounds=1`` times one impl after
+    the other, each alone in memory (the large graphs)."""
     device = torch.device(device)
     rows = []
     variants = [(m, p) for m in models for p in precisions]
@@ -409,8 +474,7 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
                                              f"reorder failed: {_error_text(err)}", bar)
                     continue
             for model, precision in variants:
-                for impl in impls:
-                    new = run_one(problem, impl, epochs, h, seed, warmup, model, precision)
+                for impl, new in _impl_rows(problem, impls, epochs, h, seed, warmup, model, precision, rounds):
                     if base.note:
                         for r in new:
                             r["note"] = base.note
@@ -427,6 +491,23 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
     if bar:
         bar.close()
     return rows
+
+
+def _impl_rows(problem: Problem, impls, epochs: int, hidden: int, seed: int, warmup: int, model: str,
+               precision: str, rounds: int):
+    """``(impl, rows)`` of each impl on ``problem``: one after the other, or with ``rounds`` > 1
+    built together and timed in turns (see :func:`run_epoch_suite`)."""
+    if rounds <= 1:
+        for impl in impls:
+            yield impl, run_one(problem, impl, epochs, hidden, seed, warmup, model, precision)
+        return
+    runs = [ImplRun(problem, impl, hidden, seed, warmup, model, precision) for impl in impls]
+    for r in range(rounds):
+        steps = epochs // rounds + (r < epochs % rounds)
+        for run in runs:
+            run.time(steps)
+    for run in runs:
+        yield run.impl, run.finish()
 
 
 def _warm_up_kernels(device: torch.device) -> None:
