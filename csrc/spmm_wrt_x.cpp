@@ -10,9 +10,12 @@
 // Python torch.autograd.Function in fgplugin/ops.py, and its node and backward cost more host
 // time per product than the kernels take there.
 //
-// Both products run the spmm op below autograd and autocast (run_spmm applied autocast's cast to
-// x already); a backward that must itself be differentiable (create_graph=True) calls the op
-// through the dispatcher, so its Python autograd records it.
+// Both products run the spmm op below autograd and autocast, after autocast's cast of a float32
+// operand (as the op's autocast kernel in fgplugin/ops.py casts x, for a backward run inside an
+// autocast region too); a backward that must itself be differentiable (create_graph=True) calls
+// the op through the dispatcher, so its Python autograd records it. Called directly with other
+// inputs that need a gradient, or none, spmm_wrt_x is the spmm op itself.
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
@@ -42,6 +45,15 @@ at::Tensor spmm_below_autograd(const at::Tensor& rowptr, const at::Tensor& col, 
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   return spmm_op().call(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr, t_col,
                         t_values, t_plan, t_plan_layout);
+}
+
+// t as the op's autocast kernel passes it: a float32 operand in the autocast dtype of its device.
+at::Tensor in_autocast_dtype(const at::Tensor& t) {
+  const auto device = t.device().type();
+  if (t.scalar_type() == at::kFloat && at::autocast::is_autocast_enabled(device)) {
+    return t.to(at::autocast::get_autocast_dtype(device));
+  }
+  return t;
 }
 
 OptTensor optional_of(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
@@ -82,8 +94,8 @@ struct SpmmWrtX : public torch::autograd::Function<SpmmWrtX> {
         at::GradMode::is_enabled()
             ? spmm_op().call(t_rowptr, t_col, t_values, g, col_scale, row_scale, diag, t_plan, t_plan_layout, rowptr,
                              col, values, plan, plan_layout)
-            : spmm_below_autograd(t_rowptr, t_col, t_values, g, col_scale, row_scale, diag, t_plan, t_plan_layout,
-                                  rowptr, col, values, plan, plan_layout);
+            : spmm_below_autograd(t_rowptr, t_col, t_values, in_autocast_dtype(g), col_scale, row_scale, diag,
+                                  t_plan, t_plan_layout, rowptr, col, values, plan, plan_layout);
     variable_list out(14);
     out[3] = grad_x;
     return out;
@@ -95,8 +107,15 @@ at::Tensor spmm_wrt_x(const at::Tensor& rowptr, const at::Tensor& col, const Opt
                       const OptTensor& plan, at::IntArrayRef plan_layout, const OptTensor& t_rowptr,
                       const OptTensor& t_col, const OptTensor& t_values, const OptTensor& t_plan,
                       at::IntArrayRef t_plan_layout) {
-  return SpmmWrtX::apply(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr, t_col,
-                         t_values, t_plan, t_plan_layout);
+  const auto needs_grad = [](const OptTensor& t) { return t.has_value() && t->requires_grad(); };
+  if (!at::GradMode::is_enabled() || !x.requires_grad() || needs_grad(values) || needs_grad(row_scale) ||
+      needs_grad(col_scale) || needs_grad(diag)) {
+    // not the gradient of x alone: the op itself, through the dispatcher (its autograd covers every input)
+    return spmm_op().call(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr, t_col,
+                          t_values, t_plan, t_plan_layout);
+  }
+  return SpmmWrtX::apply(rowptr, col, values, in_autocast_dtype(x), row_scale, col_scale, diag, plan, plan_layout,
+                         t_rowptr, t_col, t_values, t_plan, t_plan_layout);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.autograd.forward_ad
 
 from . import _extension, cusparse, grad_rows
 from ._csr import aux_dtype_for, rows_of_edges
@@ -203,7 +204,8 @@ def _wrt_x_alone(args: OpArgs) -> bool:
     against 72 with the Python node, 2-core CPU)."""
     return (_extension.status.loaded and args.t_rowptr is not None and args.x.requires_grad
             and not torch._C._any_requires_grad(args.values, args.row_scale, args.col_scale, args.diag)
-            and not grad_rows.may_apply(args.t_col.numel(), args.x.shape[1], args.x.device.type))
+            and not grad_rows.may_apply(args.t_col.numel(), args.x.shape[1], args.x.device.type)
+            and torch.autograd.forward_ad._current_level < 0)  # forward AD: C++ nodes have no jvp
 
 
 def _spmm_fake(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr, t_col, t_values,
@@ -231,7 +233,12 @@ class _SpmmAutograd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, keyset, *inputs):
         ctx.layouts = inputs[8], inputs[13]  # the plan layouts (int lists), not tensors
-        ctx.save_for_backward(*inputs[:8], *inputs[9:13])
+        saved = list(inputs[:8])
+        # x enters the gradients of the edge values, the scales and diag (input_grads), not its
+        # own: not saved for that alone, so that writing to x after the product is no error
+        if not any(ctx.needs_input_grad[i] for i in (3, 5, 6, 7)):  # values, row_scale, col_scale, diag
+            saved[3] = None
+        ctx.save_for_backward(*saved, *inputs[9:13])
         return _below_autograd(torch.ops.fgplugin.spmm.default, keyset, inputs)
 
     @staticmethod
@@ -254,8 +261,8 @@ def input_grads(args: OpArgs, grad: torch.Tensor, need, skip_zero_rows: bool = F
     itself, so double backward works. ``skip_zero_rows``: the adjoint product may leave out
     ``grad``'s zero rows (fgplugin.grad_rows decides; never in a double backward or when compiled)."""
     need_values, need_x, need_r, need_c, need_d = need
-    x, r, c, d = args.x, args.row_scale, args.col_scale, args.diag
-    aux = aux_dtype_for(x.dtype)
+    x, r, c, d = args.x, args.row_scale, args.col_scale, args.diag  # x may be None where no gradient reads it
+    aux = aux_dtype_for((grad if x is None else x).dtype)  # grad has the product's dtype, x's
     grad_values = grad_x = grad_r = grad_c = grad_d = None
     if need_x or need_c:
         if args.t_rowptr is None:

@@ -423,3 +423,100 @@ def test_product_needing_the_gradient_of_x_alone_has_a_cpp_autograd_node(monkeyp
     assert fgplugin.spmm(weighted, x, r, c, d).grad_fn.name() == python_node
     monkeypatch.setitem(grad_rows.MIN_WORK, "cpu", 0)  # the zero-row skipping may apply now
     assert fgplugin.spmm(adj, x, r, c, d).grad_fn.name() == python_node
+
+
+def _python_node_only(monkeypatch):
+    from fgplugin import ops
+    monkeypatch.setattr(ops, "_wrt_x_alone", lambda args: False)
+
+
+def _small_gcn_case():
+    adj = random_graph_case(9, n_src=30).adjacency()
+    return adj, adj.norm("gcn", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_backward_inside_autocast_is_the_same_on_either_autograd_node(monkeypatch, create_graph):
+    """A float32 product whose backward runs inside an autocast region: the C++ node casts the
+    output gradient as the op's autocast kernel does, so x's gradient is the Python node's."""
+    adj, (r, c, d) = _small_gcn_case()
+    g = torch.randn(30, 4, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for python_only in (False, True):
+        if python_only:
+            _python_node_only(monkeypatch)
+        x = torch.randn(30, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        out = fgplugin.spmm(adj, x, r, c, d)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            (grad,) = torch.autograd.grad(out, x, g, create_graph=create_graph)
+        grads.append(grad)
+    assert torch.equal(grads[0], grads[1])
+    assert rel_error(grads[0], dense_spmm(random_graph_case(9, n_src=30).dense().t(), g, c, r, d)) <= 2e-2
+
+
+def test_spmm_wrt_x_called_directly_is_the_op_wherever_its_node_does_not_apply():
+    """Called directly, ``spmm_wrt_x`` gives the spmm op's result and gradients also where other
+    inputs need a gradient (then it is the op itself) or nothing does (no transpose needed)."""
+    if not fgplugin.extension_status().loaded:
+        pytest.skip("spmm_wrt_x is the extension's op")
+    from fgplugin.ops import op_args
+    adj, (r, c, d) = _small_gcn_case()
+    results = []
+    for op in (torch.ops.fgplugin.spmm_wrt_x.default, torch.ops.fgplugin.spmm.default):
+        x = torch.randn(30, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        rg = r.clone().requires_grad_()
+        args, _ = op_args(adj, x, rg, c, d, True, "test")
+        out = op(*args)
+        out.backward(torch.ones_like(out))
+        results.append((out, x.grad, rg.grad))
+    for a, b in zip(*results):
+        assert b is not None and torch.equal(a, b)
+    plain, _ = op_args(adj, torch.randn(30, 4), r, c, d, False, "test")
+    assert plain.t_rowptr is None
+    assert torch.equal(torch.ops.fgplugin.spmm_wrt_x.default(*plain), torch.ops.fgplugin.spmm.default(*plain))
+
+
+@pytest.mark.parametrize("python_only", [False, True])
+def test_writing_to_x_after_the_product_is_no_error(monkeypatch, python_only):
+    """x's gradient does not read x: neither autograd node saves it, so a later in-place write
+    to it (an optimizer step on an embedding, a reused buffer) leaves the backward right."""
+    if python_only:
+        _python_node_only(monkeypatch)
+    adj, (r, c, d) = _small_gcn_case()
+    leaf = torch.randn(30, 4, requires_grad=True)
+    h = leaf * 1
+    out = fgplugin.spmm(adj, h, r, c, d)
+    h.mul_(2)
+    g = torch.randn(30, 4)
+    out.backward(g)
+    assert rel_error(leaf.grad, dense_spmm(random_graph_case(9, n_src=30).dense().t(), g, c, r, d)) <= 1e-5
+    # the values' gradient does read x: there a write to x is still caught
+    weighted = adj.with_values(torch.rand(random_graph_case(9, n_src=30).edge_index.shape[1], requires_grad=True))
+    h = leaf * 1
+    out = fgplugin.spmm(weighted, h, r, c, d)
+    h.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_forward_mode_ad_raises_not_implemented_on_either_path():
+    import torch.autograd.forward_ad as fwAD
+    adj, (r, c, d) = _small_gcn_case()
+    x = torch.randn(30, 4, requires_grad=True)
+    with fwAD.dual_level(), pytest.raises(NotImplementedError):
+        fgplugin.spmm(adj, fwAD.make_dual(x, torch.ones_like(x)), r, c, d)
+
+
+@pytest.mark.parametrize("other", ["row_scale", "col_scale", "diag"])
+def test_gradcheck_x_with_each_scale_float64(other):
+    """The Python node keeps x only for the gradients that read it: with each scale in turn."""
+    adj = random_graph_case(10, n_src=25).adjacency()
+    g = torch.Generator().manual_seed(4)
+    scales = {name: torch.rand(25, generator=g, dtype=torch.float64).add_(0.5) for name in ("row_scale", "col_scale", "diag")}
+    x = torch.randn(25, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    s = scales[other].requires_grad_()
+
+    def f(x, s):
+        return fgplugin.spmm(adj, x, **{**scales, other: s})
+
+    assert torch.autograd.gradcheck(f, (x, s))
