@@ -202,29 +202,24 @@ def in_captured_step() -> bool:
     return _captured.get()
 
 
-def cost_ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf"),
-            host_adds: bool = False) -> float:
+def cost_ms(run, device: torch.device, warm_up: bool, stop_above: float = float("inf")) -> float:
     """What ``run`` costs a step, in ms (median over a few batches of >= ~0.25 ms): its device
     time in a captured step (:func:`for_captured_step`), else the larger of its device and host
-    time, or with ``host_adds`` their sum (for alternatives that differ in host work: in an eager
-    step bound by host time, a piece's extra host time adds to the step, while its device time
-    partly hides behind the host work of the rest). If a first timed run already takes over
-    ``stop_above`` ms, that run's time, without more samples. ``warm_up``: run once untimed first
-    (a first run may build what later ones reuse)."""
+    time. If a first timed run already takes over ``stop_above`` ms, that run's time, without more
+    samples. ``warm_up``: run once untimed first (a first run may build what later ones reuse)."""
     if warm_up:
         run()
-    once = _batch_cost_ms(run, 1, device, host_adds)
+    once = _batch_cost_ms(run, 1, device)
     if once > stop_above:
         return once
     batch = batch_for(once)
-    return statistics.median(_batch_cost_ms(run, batch, device, host_adds) for _ in range(COST_SAMPLES))
+    return statistics.median(_batch_cost_ms(run, batch, device) for _ in range(COST_SAMPLES))
 
 
-def _batch_cost_ms(run, n: int, device: torch.device, host_adds: bool = False) -> float:
+def _batch_cost_ms(run, n: int, device: torch.device) -> float:
     """ms per run of ``n`` runs. On the CPU: wall time. On CUDA: the device's time, with the GPU
     held by a sleep kernel until the host has queued every run (so that launch gaps are not
-    counted); in an eager step the host's time to queue a run where that is larger, or added to it
-    (``host_adds``)."""
+    counted), or the host's time to queue a run where that is larger and the step is eager."""
     if device.type != "cuda":
         start = time.perf_counter()
         for _ in range(n):
@@ -239,6 +234,4 @@ def _batch_cost_ms(run, n: int, device: torch.device, host_adds: bool = False) -
     if sleep is not None:
         sleep(int(min(2.0 * n * host_s, 0.5) * SLEEP_CYCLES_PER_S))
     device_ms = time_runs(run, n)
-    if _captured.get():
-        return device_ms
-    return device_ms + host_s * 1e3 if host_adds else max(device_ms, host_s * 1e3)
+    return device_ms if _captured.get() else max(device_ms, host_s * 1e3)

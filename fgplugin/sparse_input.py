@@ -102,11 +102,8 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
     ``x^T G'``. Through autograd because an eager step pays the autograd functions' host time as
     well: timed without it, the sparse form's four products looked cheaper than they run
     (twitch_de, H100: kept sparse, eager steps of 1.85 ms against 1.44 for cuSPARSE cached;
-    docs/results.md section 18). In an eager step each form costs its host and device time added
-    (``host_adds``): the sparse form's extra products add host time to a step bound by it, where
-    the dense GEMMs' device time partly hides (H100, twitch_de: 0.25 ms host and 0.24 device
-    against 0.11 and 0.23, and eager steps 11% faster dense; docs/results.md section 20). The
-    zero-row skipping is off meanwhile: its host sync would wait for the timer's sleep kernel."""
+    docs/results.md section 18). The zero-row skipping is off meanwhile: its host sync would wait
+    for the timer's sleep kernel."""
     gen = torch.Generator(device=x.device).manual_seed(0)
     w = torch.randn(x.shape[1], width, device=x.device, generator=gen).requires_grad_()
     g_dst = torch.randn(graph.shape[0], width, device=x.device, generator=gen)
@@ -127,10 +124,10 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
 
     skipping = set_row_skipping(False)
     try:
-        sparse_ms = autotune.cost_ms(step(sparse_forward), x.device, warm_up=True, host_adds=True)
+        sparse_ms = autotune.cost_ms(step(sparse_forward), x.device, warm_up=True)
         # warmed up too: a first GEMM of a shape loads its kernels (CUDA's lazy loading), which
         # made one dense step look slower than the whole sparse one and ended the timing there
         return sparse_ms < autotune.cost_ms(step(lambda: aggregated @ w), x.device, warm_up=True,
-                                            stop_above=sparse_ms, host_adds=True)
+                                            stop_above=sparse_ms)
     finally:
         set_row_skipping(skipping)
