@@ -30,7 +30,6 @@ from ._csr import rows_of_edges
 CANDIDATES = (0.02, 0.03, 0.05, 0.075, 0.10, 0.15, 1.0)
 MIN_DENSE_SHARE = 0.05
 COST_SAMPLES = 3  # batches timed by cost_ms
-TURN_SAMPLES = 5  # rounds of batches timed by costs_in_turns_ms
 SLEEP_CYCLES_PER_S = 2e9  # above any GPU's clock: the sleep lasts at least as long as asked
 STOP_MARGIN = 0.03  # a plan this much slower than the best ends the probe's walk (search_groups)
 MIN_DENSE_GAIN = 0.1  # a plan with dense tiles is chosen only this much faster than the one without
@@ -215,26 +214,6 @@ def cost_ms(run, device: torch.device, warm_up: bool, stop_above: float = float(
         return once
     batch = batch_for(once)
     return statistics.median(_batch_cost_ms(run, batch, device) for _ in range(COST_SAMPLES))
-
-
-def costs_in_turns_ms(runs, device: torch.device, samples: int = TURN_SAMPLES, decisive: float = 4.0) -> list:
-    """What each of ``runs`` (alternatives for the same work) costs a step, weighed as by
-    :func:`cost_ms`, timed in turns: each is warmed up, then ``samples`` rounds time one batch of
-    each, so that a slow spell of the host falls on all of them (timed one after the other, the
-    sparse-input probe costed the sparse form 0.43 ms once and 0.28 ms on a rebuild of the same
-    graph, against a steady 0.31 ms dense; docs/results.md section 20). Medians; or the single
-    first runs where one is over ``decisive`` times another (no need to time it again)."""
-    for run in runs:
-        run()
-    once = [_batch_cost_ms(run, 1, device) for run in runs]
-    if max(once) > decisive * min(once):
-        return once
-    batches = [batch_for(ms) for ms in once]
-    times = [[] for _ in runs]
-    for _ in range(samples):
-        for run, n, sampled in zip(runs, batches, times):
-            sampled.append(_batch_cost_ms(run, n, device))
-    return [statistics.median(sampled) for sampled in times]
 
 
 def _batch_cost_ms(run, n: int, device: torch.device) -> float:

@@ -99,11 +99,11 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
     """Times one training step's use of each form, forward and backward through autograd as the
     layer runs them, at ``width`` columns: the dense form's ``(A^K x) W`` and its weight gradient
     ``(A^K x)^T G`` against ``x W``, the ``hops`` products over the graph, their adjoints and
-    ``x^T G'``, in turns (autotune.costs_in_turns_ms). Through autograd because an eager step pays
-    the autograd functions' host time as well: timed without it, the sparse form's four products
-    looked cheaper than they run (twitch_de, H100: kept sparse, eager steps of 1.85 ms against 1.44
-    for cuSPARSE cached; docs/results.md section 18). The zero-row skipping is off meanwhile: its
-    host sync would wait for the timer's sleep kernel."""
+    ``x^T G'``. Through autograd because an eager step pays the autograd functions' host time as
+    well: timed without it, the sparse form's four products looked cheaper than they run
+    (twitch_de, H100: kept sparse, eager steps of 1.85 ms against 1.44 for cuSPARSE cached;
+    docs/results.md section 18). The zero-row skipping is off meanwhile: its host sync would wait
+    for the timer's sleep kernel."""
     gen = torch.Generator(device=x.device).manual_seed(0)
     w = torch.randn(x.shape[1], width, device=x.device, generator=gen).requires_grad_()
     g_dst = torch.randn(graph.shape[0], width, device=x.device, generator=gen)
@@ -124,10 +124,10 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
 
     skipping = set_row_skipping(False)
     try:
-        # both warmed up: a first GEMM of a shape loads its kernels (CUDA's lazy loading), which
-        # made one dense step look slower than the whole sparse one
-        sparse_ms, dense_ms = autotune.costs_in_turns_ms([step(sparse_forward), step(lambda: aggregated @ w)],
-                                                         x.device)
-        return sparse_ms < dense_ms
+        sparse_ms = autotune.cost_ms(step(sparse_forward), x.device, warm_up=True)
+        # warmed up too: a first GEMM of a shape loads its kernels (CUDA's lazy loading), which
+        # made one dense step look slower than the whole sparse one and ended the timing there
+        return sparse_ms < autotune.cost_ms(step(lambda: aggregated @ w), x.device, warm_up=True,
+                                            stop_above=sparse_ms)
     finally:
         set_row_skipping(skipping)

@@ -307,24 +307,3 @@ def test_set_sparse_input_checks_its_argument():
     assert fgplugin.set_sparse_input("off") == "auto" and fgplugin.set_sparse_input("On") == "0"
     with pytest.raises(ValueError, match="set_sparse_input takes"):
         fgplugin.set_sparse_input("sometimes")
-
-
-def test_alternatives_are_timed_in_turns():
-    """The probe's two forms are timed batch for batch in turns, so a slow spell of the host falls
-    on both; where one first run is over ``decisive`` times the other, that answers at once."""
-    import time
-    calls = []
-
-    def taking(name, ms):
-        def run():
-            calls.append(name)
-            time.sleep(ms / 1e3)
-        return run
-
-    cpu = torch.device("cpu")
-    a_ms, b_ms = autotune.costs_in_turns_ms([taking("a", 2.0), taking("b", 3.0)], cpu, samples=4)
-    assert calls == ["a", "b"] * 6  # warm-up, a first run each, then 4 rounds of one batch each
-    assert 1.9 < a_ms < b_ms < 4.0
-    calls.clear()
-    fast_ms, slow_ms = autotune.costs_in_turns_ms([taking("a", 0.5), taking("b", 5.0)], cpu, samples=4)
-    assert calls == ["a", "b"] * 2 and slow_ms > 4 * fast_ms  # decided by the first runs
