@@ -532,3 +532,33 @@ def test_host_suite_times_both_products(tmp_path):
     x = torch.randn(g.num_nodes, 5)
     csr = B.CachedCSRGraph(g.edge_index, g.num_nodes).csr()
     assert rel_error(torch.sparse.mm(csr, x), fgplugin.spmm(adj, x, *norm)) < 1e-5
+
+
+def test_a_failed_impl_frees_its_model_before_the_others_run(monkeypatch):
+    """In rounds mode a failed impl's model is released when it fails, not after every other impl
+    of the graph has been timed (after an out-of-memory error they need that memory)."""
+    import weakref
+    from fgplugin.bench import epoch
+
+    built, alive_while_timing = [], []
+    real_step, real_timed = epoch.warmed_up_step, epoch.timed
+
+    def failing_first(model, *args, **kwargs):
+        built.append(weakref.ref(model))
+        if len(built) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+        return real_step(model, *args, **kwargs)
+
+    def timed(step, device, steps, peak_memory=False):
+        import gc
+        gc.collect()
+        alive_while_timing.append(built[0]() is not None)
+        return real_timed(step, device, steps, peak_memory)
+
+    monkeypatch.setattr(epoch, "warmed_up_step", failing_first)
+    monkeypatch.setattr(epoch, "timed", timed)
+    rows = epoch.run_epoch_suite(["tiny"], ("fgplugin", "cusparse-cached"), ("original",), epochs=4, warmup=1,
+                                 log=lambda *a: None, rounds=2)
+    by_impl = {r["impl"]: r for r in rows if r["op"] == "epoch"}
+    assert by_impl["fgplugin"]["error"] == "OOM" and by_impl["cusparse-cached"]["ms_median"] > 0
+    assert alive_while_timing == [False, False]  # the failed model was gone while the other one ran

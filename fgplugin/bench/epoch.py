@@ -331,6 +331,8 @@ class ImplRun:
                                            graphed=impl == "fgplugin-graphed")
             except Exception as err:  # noqa: BLE001 - a failed row keeps its place
                 self.error = _error_text(err)  # leaving the block drops the traceback and the tensors it holds
+        if self.error is not None:
+            self._release()
 
     @contextmanager
     def _shortcuts_as_impl(self):
@@ -356,10 +358,18 @@ class ImplRun:
                 times, peak = timed(self.step, self.problem.x.device, steps, peak_memory)
             except Exception as err:  # noqa: BLE001
                 self.error = _error_text(err)
-                return
+        if self.error is not None:
+            self._release()
+            return
         self.times += times
         if peak is not None:
             self.peak = max(peak, self.peak or 0)
+
+    def _release(self) -> None:
+        """Frees the model, graph and step (a failed impl's at once: the other impls of the graph
+        still run, in rounds mode, and need its memory)."""
+        self.model = self.graph = self.step = None
+        _free(self.problem.x.device)
 
     def finish(self) -> list[dict]:
         """The epoch, preprocess and train200 rows; frees the model."""
@@ -371,8 +381,7 @@ class ImplRun:
                     cache_s = input_cache_build_s(self.model, self.graph, self.problem)
                 except Exception as err:  # noqa: BLE001
                     self.error = _error_text(err)
-        self.model = self.graph = self.step = None
-        _free(self.problem.x.device)
+        self._release()
         if self.impl == "fgplugin-sharded":
             baselines.end_one_rank_group()
         common = self.common
