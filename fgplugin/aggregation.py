@@ -138,8 +138,9 @@ def _kept(graph, x: Tensor, hops: int, owner, settings: tuple, node_dim: int,
     ``x`` as a :class:`fgplugin.sparse_input.SparseInput`; else ``None``."""
     if owner is None or not graph.key:
         return None
-    if x.requires_grad:  # every layer's input but the first's in training: never kept (the cache says so)
-        return input_cache.of(owner).get(x, (), 0, None)
+    cache = input_cache.of(owner)
+    if not cache.admits(x):
+        return None
     nbytes = x.numel() // max(x.shape[node_dim], 1) * graph.shape[0] * x.element_size()
     may_be_sparse = weight is not None and weight.dim() == 2 and x.dim() == 2 and node_dim % 2 == 0 \
         and isinstance(graph, Aggregation)
@@ -151,8 +152,7 @@ def _kept(graph, x: Tensor, hops: int, owner, settings: tuple, node_dim: int,
     # under autocast the aggregation is kept in the autocast dtype: a call in another precision
     # (a float32 evaluation after bf16 training) must not reuse it
     precision = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
-    return input_cache.of(owner).get(x, (*graph.key, hops, node_dim, may_be_sparse, precision, *settings), nbytes,
-                                     keep)
+    return cache.get(x, (*graph.key, hops, node_dim, may_be_sparse, precision, *settings), nbytes, keep)
 
 
 def _aggregate_transformed(graph, x: Tensor, weight: Tensor, bias: Tensor | None, hops: int,

@@ -102,21 +102,32 @@ class InputCache:
         may be reused in this call (as for :meth:`get`: not under torch.compile, which would bake
         in the version check's answer, nor for an ``x`` that needs a gradient), else ``None``: a
         layer's other product with the same input (SAGE's root weight) may use it."""
-        if self._key is None or not _context_allows() or not _reusable(x, ()):
+        if self._key is None or not _context_allows() or not _constant(x):
             return None
         return hold(self._value) if self._key.is_of(x) else None
 
+    def admits(self, x) -> bool:
+        """Whether ``x`` may be this call's kept input: asked before :meth:`get`, whose key costs
+        more to build (a layer whose input needs a gradient, every layer but the first in training,
+        ends here). No when the context rules the cache out (what is kept stays for the calls it
+        fits), and no when ``x`` cannot be a constant input (what is kept is dropped: the layer's
+        input is no longer the constant one)."""
+        if not _context_allows():
+            return False
+        if not _constant(x):
+            self.clear()
+            return False
+        return True
+
     def get(self, x: Tensor, deps: tuple, nbytes: int, aggregate: Callable[[], Tensor]) -> Tensor | None:
-        """The aggregation of ``x`` (``aggregate()``, ``nbytes`` in size) when it may be reused,
-        else ``None`` and the caller computes as usual.
+        """The aggregation of an ``x`` this cache :meth:`admits` (``aggregate()``, ``nbytes`` in
+        size) when it may be reused, else ``None`` and the caller computes as usual.
 
         ``deps`` lists everything besides ``x`` that the aggregation reads (graph, edge values,
         normalization settings). Do not modify the returned tensor: later calls return it again.
         """
-        if not _context_allows():  # this call only: what is kept stays for the calls it fits
-            return None
-        if not _reusable(x, deps):
-            self.clear()
+        if any(isinstance(t, Tensor) and (t.requires_grad or t.is_inference()) for t in deps):
+            self.clear()  # what the aggregation reads changes with each step: nothing to keep
             return None
         deps = (x, *deps)
         if self._key is not None and self._key.matches(deps):
@@ -178,13 +189,9 @@ def _context_allows() -> bool:
         not torch._C._are_functorch_transforms_active()  # torch.func.grad / vmap
 
 
-def _reusable(x, deps: tuple) -> bool:
-    """Whether ``x`` and ``deps`` can be a kept aggregation's inputs (else the cache is dropped:
-    the layer's input is no longer the constant one)."""
-    # x needing a gradient (every layer but the first, in training) is the common answer: first
-    if not isinstance(x, Tensor) or x.requires_grad or x.layout != torch.strided or x.is_inference():
-        return False
-    return not any(isinstance(t, Tensor) and (t.requires_grad or t.is_inference()) for t in deps)
+def _constant(x) -> bool:
+    """Whether ``x`` can be a kept aggregation's input."""
+    return isinstance(x, Tensor) and not x.requires_grad and x.layout == torch.strided and not x.is_inference()
 
 
 _device_bytes: dict[torch.device, int | None] = {}
