@@ -49,15 +49,27 @@ SpmmArgs prepare_spmm(const at::Tensor& rowptr, const at::Tensor& col,
                              const std::optional<at::Tensor>& values, const at::Tensor& x,
                              const std::optional<at::Tensor>& row_scale,
                              const std::optional<at::Tensor>& col_scale,
-                             const std::optional<at::Tensor>& diag) {
+                             const std::optional<at::Tensor>& diag, const std::optional<at::Tensor>& bias,
+                             int64_t width) {
   const int64_t n_rows = check_csr_and_x(rowptr, col, x, "fgplugin.spmm");
   const auto aux = aux_dtype_for(x.scalar_type());
   check_aux(values, "values", col.numel(), aux, x);
   check_aux(row_scale, "row_scale", n_rows, aux, x);
   check_aux(col_scale, "col_scale", x.size(0), aux, x);
   check_aux(diag, "diag", std::min(n_rows, x.size(0)), aux, x);
+  TORCH_CHECK(width >= -1 && width <= x.size(1), "fgplugin.spmm: width must be -1 (all of x's columns) or 0.." +
+                                                    num(x.size(1)) + " (x's columns), got " + num(width));
+  const int64_t out_width = width < 0 ? x.size(1) : width;
+  check_aux(bias, "bias", out_width, aux, x);
   return {rowptr.contiguous(), col.contiguous(), x.contiguous(), contiguous_or_none(values),
-          contiguous_or_none(row_scale), contiguous_or_none(col_scale), contiguous_or_none(diag), n_rows};
+          contiguous_or_none(row_scale), contiguous_or_none(col_scale), contiguous_or_none(diag),
+          contiguous_or_none(bias), n_rows, out_width};
+}
+
+at::Tensor with_epilogue(const at::Tensor& out, const SpmmArgs& a) {
+  at::Tensor result = a.width == out.size(1) ? out : out.narrow(1, 0, a.width).contiguous();
+  if (a.bias.has_value()) result.add_(*a.bias);  // fresh memory: in place keeps the 16-bit dtype
+  return result;
 }
 
 SddmmArgs prepare_sddmm(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a,

@@ -46,17 +46,18 @@ using SpmmOp = at::Tensor(const at::Tensor& rowptr, const at::Tensor& col, const
                           const std::optional<at::Tensor>& plan, at::IntArrayRef plan_layout,
                           const std::optional<at::Tensor>& t_rowptr, const std::optional<at::Tensor>& t_col,
                           const std::optional<at::Tensor>& t_values, const std::optional<at::Tensor>& t_plan,
-                          at::IntArrayRef t_plan_layout);
+                          at::IntArrayRef t_plan_layout, const std::optional<at::Tensor>& bias, int64_t width);
 using SddmmOp = at::Tensor(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& b);
 using DropoutOp = at::Tensor(const at::Tensor& x, double p, int64_t seed);
 using NonzeroRowsOp = at::Tensor(const at::Tensor& x);
 using PadColumnsOp = at::Tensor(const at::Tensor& x, int64_t width);
 
-// The spmm arguments after checks, made contiguous: what both device kernels consume.
+// The spmm arguments after checks, made contiguous: what both device kernels consume. The output
+// is [n_rows, width] (width <= x's columns: the first ones), plus bias when given.
 struct SpmmArgs {
   at::Tensor rowptr, col, x;
-  std::optional<at::Tensor> values, row_scale, col_scale, diag;
-  int64_t n_rows;
+  std::optional<at::Tensor> values, row_scale, col_scale, diag, bias;
+  int64_t n_rows, width;
 };
 
 // The sddmm arguments after checks, made contiguous.
@@ -71,7 +72,11 @@ struct SddmmArgs {
 // nvcc-compiled host frames crashed the process with torch 2.11 + CUDA 13 on the H100 machine.
 SpmmArgs prepare_spmm(const at::Tensor& rowptr, const at::Tensor& col, const std::optional<at::Tensor>& values,
                       const at::Tensor& x, const std::optional<at::Tensor>& row_scale,
-                      const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag);
+                      const std::optional<at::Tensor>& col_scale, const std::optional<at::Tensor>& diag,
+                      const std::optional<at::Tensor>& bias, int64_t width);
+// The op's result from the full product `out` ([n_rows, x's columns]) of a kernel that does not
+// apply the epilogue itself: its first a.width columns, plus a.bias (added in place, in out's dtype).
+at::Tensor with_epilogue(const at::Tensor& out, const SpmmArgs& a);
 SddmmArgs prepare_sddmm(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& a, const at::Tensor& b);
 // The largest column id of the CSR (rowptr, col), -1 without entries, after checking its contents
 // (csr_contents.cpp: once per version of the two tensors); throws when they are not a valid CSR.

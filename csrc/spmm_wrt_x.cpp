@@ -15,6 +15,9 @@
 // autocast region too); a backward that must itself be differentiable (create_graph=True) calls
 // the op through the dispatcher, so its Python autograd records it. Called directly with other
 // inputs that need a gradient, or none, spmm_wrt_x is the spmm op itself.
+//
+// The bias may need a gradient too (a layer's): it is the output gradient summed over the rows.
+// An output cut to fewer columns than x's (width) gets its gradient padded back with zeros first.
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -40,11 +43,23 @@ at::Tensor spmm_below_autograd(const at::Tensor& rowptr, const at::Tensor& col, 
                                const at::Tensor& x, const OptTensor& row_scale, const OptTensor& col_scale,
                                const OptTensor& diag, const OptTensor& plan, at::IntArrayRef plan_layout,
                                const OptTensor& t_rowptr, const OptTensor& t_col, const OptTensor& t_values,
-                               const OptTensor& t_plan, at::IntArrayRef t_plan_layout) {
+                               const OptTensor& t_plan, at::IntArrayRef t_plan_layout,
+                               const OptTensor& bias = std::nullopt, int64_t width = -1) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   return spmm_op().call(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr, t_col,
-                        t_values, t_plan, t_plan_layout);
+                        t_values, t_plan, t_plan_layout, bias, width);
+}
+
+// g with zero columns appended up to `width` columns: differentiably where the backward is
+// (create_graph), else by the pad_columns op (one pass on CUDA).
+at::Tensor padded_to(const at::Tensor& g, int64_t width) {
+  if (g.size(1) == width) return g;
+  if (at::GradMode::is_enabled()) return at::constant_pad_nd(g, {0, width - g.size(1)});
+  static const auto pad = c10::Dispatcher::singleton()
+                              .findSchemaOrThrow("fgplugin::pad_columns", "")
+                              .typed<at::Tensor(const at::Tensor&, int64_t)>();
+  return pad.call(g.contiguous(), width);
 }
 
 // t as the op's autocast kernel passes it: a float32 operand in the autocast dtype of its device.
@@ -65,7 +80,8 @@ struct SpmmWrtX : public torch::autograd::Function<SpmmWrtX> {
                             const OptTensor& values, const at::Tensor& x, const OptTensor& row_scale,
                             const OptTensor& col_scale, const OptTensor& diag, const OptTensor& plan,
                             at::IntArrayRef plan_layout, const OptTensor& t_rowptr, const OptTensor& t_col,
-                            const OptTensor& t_values, const OptTensor& t_plan, at::IntArrayRef t_plan_layout) {
+                            const OptTensor& t_values, const OptTensor& t_plan, at::IntArrayRef t_plan_layout,
+                            const OptTensor& bias, int64_t width) {
     TORCH_CHECK(t_rowptr.has_value() && t_col.has_value(),
                 "fgplugin.spmm_wrt_x: the backward pass needs the transpose (t_rowptr, t_col); call "
                 "fgplugin.spmm(adj, x) so that it is passed");
@@ -74,8 +90,13 @@ struct SpmmWrtX : public torch::autograd::Function<SpmmWrtX> {
                             tensor_of(t_plan)});
     ctx->saved_data["plan_layout"] = plan_layout.vec();
     ctx->saved_data["t_plan_layout"] = t_plan_layout.vec();
+    ctx->saved_data["features"] = x.size(1);
+    // the bias's dtype where its gradient is wanted, else -1 (needs_input_grad would have to count
+    // the optional tensors given before it)
+    ctx->saved_data["bias_dtype"] =
+        bias.has_value() && bias->requires_grad() ? static_cast<int64_t>(bias->scalar_type()) : int64_t(-1);
     return spmm_below_autograd(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr,
-                               t_col, t_values, t_plan, t_plan_layout);
+                               t_col, t_values, t_plan, t_plan_layout, bias, width);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -88,16 +109,20 @@ struct SpmmWrtX : public torch::autograd::Function<SpmmWrtX> {
     const auto t_values = optional_of(saved[9]), t_plan = optional_of(saved[10]);
     const auto plan_layout = ctx->saved_data["plan_layout"].toIntVector();
     const auto t_plan_layout = ctx->saved_data["t_plan_layout"].toIntVector();
-    const at::Tensor& g = grads[0];
+    const at::Tensor g = padded_to(grads[0], ctx->saved_data["features"].toInt());
     // The adjoint product: the op on A's transpose, the output scaled by c and the input by r.
     at::Tensor grad_x =
         at::GradMode::is_enabled()
             ? spmm_op().call(t_rowptr, t_col, t_values, g, col_scale, row_scale, diag, t_plan, t_plan_layout, rowptr,
-                             col, values, plan, plan_layout)
+                             col, values, plan, plan_layout, std::nullopt, -1)
             : spmm_below_autograd(t_rowptr, t_col, t_values, in_autocast_dtype(g), col_scale, row_scale, diag,
                                   t_plan, t_plan_layout, rowptr, col, values, plan, plan_layout);
-    variable_list out(14);
+    variable_list out(16);
     out[3] = grad_x;
+    const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
+    if (bias_dtype >= 0) {
+      out[14] = at::sum(grads[0], {0}, false, static_cast<at::ScalarType>(bias_dtype));
+    }
     return out;
   }
 };
@@ -106,16 +131,16 @@ at::Tensor spmm_wrt_x(const at::Tensor& rowptr, const at::Tensor& col, const Opt
                       const OptTensor& row_scale, const OptTensor& col_scale, const OptTensor& diag,
                       const OptTensor& plan, at::IntArrayRef plan_layout, const OptTensor& t_rowptr,
                       const OptTensor& t_col, const OptTensor& t_values, const OptTensor& t_plan,
-                      at::IntArrayRef t_plan_layout) {
+                      at::IntArrayRef t_plan_layout, const OptTensor& bias, int64_t width) {
   const auto needs_grad = [](const OptTensor& t) { return t.has_value() && t->requires_grad(); };
   if (!at::GradMode::is_enabled() || !x.requires_grad() || needs_grad(values) || needs_grad(row_scale) ||
       needs_grad(col_scale) || needs_grad(diag)) {
     // not the gradient of x alone: the op itself, through the dispatcher (its autograd covers every input)
     return spmm_op().call(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr, t_col,
-                          t_values, t_plan, t_plan_layout);
+                          t_values, t_plan, t_plan_layout, bias, width);
   }
   return SpmmWrtX::apply(rowptr, col, values, in_autocast_dtype(x), row_scale, col_scale, diag, plan, plan_layout,
-                         t_rowptr, t_col, t_values, t_plan, t_plan_layout);
+                         t_rowptr, t_col, t_values, t_plan, t_plan_layout, bias, width);
 }
 
 }  // namespace
@@ -125,7 +150,7 @@ TORCH_LIBRARY_FRAGMENT(fgplugin, m) {
   m.def(
       "spmm_wrt_x(Tensor rowptr, Tensor col, Tensor? values, Tensor x, Tensor? row_scale, Tensor? col_scale, "
       "Tensor? diag, Tensor? plan, int[] plan_layout, Tensor? t_rowptr, Tensor? t_col, Tensor? t_values, "
-      "Tensor? t_plan, int[] t_plan_layout) -> Tensor");
+      "Tensor? t_plan, int[] t_plan_layout, Tensor? bias=None, int width=-1) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fgplugin, CompositeImplicitAutograd, m) { m.impl("spmm_wrt_x", &fgplugin::spmm_wrt_x); }

@@ -36,7 +36,7 @@ from .tiling import TiledAdjacency
 SCHEMAS = {
     "spmm": "spmm(Tensor rowptr, Tensor col, Tensor? values, Tensor x, Tensor? row_scale, Tensor? col_scale, "
             "Tensor? diag, Tensor? plan, int[] plan_layout, Tensor? t_rowptr, Tensor? t_col, Tensor? t_values, "
-            "Tensor? t_plan, int[] t_plan_layout) -> Tensor",
+            "Tensor? t_plan, int[] t_plan_layout, Tensor? bias=None, int width=-1) -> Tensor",
     "sddmm": "sddmm(Tensor rowptr, Tensor col, Tensor a, Tensor b) -> Tensor",
     "dropout": "dropout(Tensor x, float p, int seed) -> Tensor",
     "nonzero_rows": "nonzero_rows(Tensor x) -> Tensor",
@@ -80,8 +80,8 @@ def register_python_parts() -> None:
     torch.library.register_fake("fgplugin::nonzero_rows")(_nonzero_rows_fake)
     torch.library.register_fake("fgplugin::pad_columns")(_pad_columns_fake)
     _autograd_library = torch.library.Library("fgplugin", "IMPL")
-    for name, function in (("spmm", _SpmmAutograd), ("sddmm", _SddmmAutograd)):
-        _autograd_library.impl(name, _autograd_kernel(getattr(torch.ops.fgplugin, name).default, function),
+    for name, function, defaults in (("spmm", _SpmmAutograd, (None, -1)), ("sddmm", _SddmmAutograd, ())):
+        _autograd_library.impl(name, _autograd_kernel(getattr(torch.ops.fgplugin, name).default, function, defaults),
                                "Autograd", with_keyset=True)
     for device_type in ("cpu", "cuda"):
         key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
@@ -111,15 +111,20 @@ def _in_autocast_dtype(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _autograd_kernel(op, function):
+def _autograd_kernel(op, function, defaults: tuple = ()):
     """The op's kernel at the Autograd key: ``function`` (a ``torch.autograd.Function`` whose
     ``forward`` takes the dispatch key set first) when a gradient is needed, else the op below
     autograd. This is what ``torch.library.register_autograd`` installs, less the argument
     defaulting it does on every call for its ``setup_context`` (``fill_defaults`` rebuilds the
     schema's argument list once per argument: 54 us of a 155 us spmm forward + backward on a
-    small graph, 2-core CPU, torch 2.13), which these schemas, without defaults, do not need."""
+    small graph, 2-core CPU, torch 2.13). ``defaults``: the values of the schema's trailing
+    arguments with defaults, which the dispatcher leaves out of a Python kernel's arguments where
+    the caller left them at their default; ``function`` gets them filled in."""
+    full = None if not defaults else len(op._schema.arguments)
 
     def kernel(keyset, *args):
+        if full is not None and len(args) < full:
+            args = (*args, *defaults[len(args) - full:])
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
             return function.apply(keyset, *args)
         return _below_autograd(op, keyset, args)
@@ -162,6 +167,8 @@ class OpArgs(NamedTuple):
     t_values: torch.Tensor | None
     t_plan: torch.Tensor | None
     t_plan_layout: tuple
+    bias: torch.Tensor | None = None  # the epilogue: added to every row of the first `width` columns kept
+    width: int = -1
 
     def adjoint(self, g: torch.Tensor, out_scale: torch.Tensor | None) -> "OpArgs":
         """The arguments of ``diag(out_scale) (A^T + diag(d)) diag(r) g``: the op on A's transpose."""
@@ -209,9 +216,9 @@ def _wrt_x_alone(args: OpArgs) -> bool:
 
 
 def _spmm_fake(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr, t_col, t_values,
-               t_plan, t_plan_layout):
+               t_plan, t_plan_layout, bias=None, width=-1):
     torch._check(x.dim() == 2, lambda: "fgplugin.spmm: x must be 2-D")
-    return x.new_empty((rowptr.shape[0] - 1, x.shape[1]))
+    return x.new_empty((rowptr.shape[0] - 1, x.shape[1] if width < 0 else width))
 
 
 def _sddmm_fake(rowptr, col, a, b):
@@ -233,6 +240,9 @@ class _SpmmAutograd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, keyset, *inputs):
         ctx.layouts = inputs[8], inputs[13]  # the plan layouts (int lists), not tensors
+        ctx.features = inputs[3].shape[1]  # an output cut to `width` columns gets its gradient padded back
+        bias = inputs[14]
+        ctx.bias_dtype = None if bias is None else bias.dtype
         saved = list(inputs[:8])
         # x enters the gradients of the edge values, the scales and diag (input_grads), not its
         # own: not saved for that alone, so that writing to x after the product is no error
@@ -244,9 +254,10 @@ class _SpmmAutograd(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         saved = list(ctx.saved_tensors)
-        args = OpArgs(*saved[:8], ctx.layouts[0], *saved[8:], ctx.layouts[1])
-        grads = input_grads(args, grad, ctx.needs_input_grad[3:8], skip_zero_rows=True)
-        return (None, None, None, *grads) + (None,) * 7
+        args = OpArgs(*saved[:8], ctx.layouts[0], *saved[8:], ctx.layouts[1])  # the product without its epilogue
+        grads = input_grads(args, padded_columns(grad, ctx.features), ctx.needs_input_grad[3:8], skip_zero_rows=True)
+        grad_bias = grad.sum(dim=0, dtype=ctx.bias_dtype) if ctx.needs_input_grad[15] else None
+        return (None, None, None, *grads) + (None,) * 7 + (grad_bias, None)
 
 
 # _SpmmAutograd.apply less its Python wrapper's pass over the arguments (it unwraps functorch's dead
@@ -325,7 +336,8 @@ class _SddmmAutograd(torch.autograd.Function):
 
 # ---------------------------------------------------------------------- the public products
 @outside_inference_mode
-def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, diag=None) -> torch.Tensor:
+def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, diag=None, *, bias=None,
+         width: int | None = None) -> torch.Tensor:
     r"""Sparse-dense product :math:`\mathrm{diag}(r)\,(A + \mathrm{diag}(d))\,\mathrm{diag}(c)\,X`.
 
     Args:
@@ -334,27 +346,52 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
         row_scale, col_scale (Tensor, optional): ``[num_dst]`` and ``[num_src]`` scales.
         diag (Tensor or float, optional): self-loop weight per node (``[min(num_dst, num_src)]``),
             or one float for every node.
+        bias (Tensor, optional): ``[width]`` (``[F]`` without ``width``), added to every row of
+            the result. On CUDA the kernels add it in their output pass, which saves a pass over
+            the result (a layer's bias add).
+        width (int, optional): keep only the first ``width`` columns of the result, cut in the
+            same pass: for a caller that padded ``x`` with zero columns to a whole number of
+            16-byte vectors, which the CUDA kernels read faster.
 
     ``fgplugin.spmm(adj, x, *adj.norm("gcn"))`` is a GCN aggregation. Differentiable in ``x``,
-    the edge weights ``adj.values``, the scales and ``diag`` (twice, too); works under
-    ``torch.compile(fullgraph=True)``. Returns ``[num_dst, F]`` in the dtype of ``x``.
+    the edge weights ``adj.values``, the scales, ``diag`` and ``bias`` (twice, too); works under
+    ``torch.compile(fullgraph=True)``. Returns ``[num_dst, width or F]`` in the dtype of ``x``.
     """
     # The forward product needs the transpose only for a backward pass.
     with_transpose = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (x, adj.values, row_scale, col_scale, diag))
     given = (row_scale, col_scale, diag)  # as passed: what a kept cuSPARSE fold is found by
     row_scale, col_scale, diag = checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
+    bias, width = checked_epilogue(x, bias, width, "fgplugin.spmm")
     if settings.cusparse != "0" and cusparse.runs(adj, x, row_scale, col_scale, diag, checked_product, given):
         restricted = _restricted_adjoint(adj, row_scale, col_scale, diag, x.shape[1]) if with_transpose else None
-        return cusparse.product(adj, x, row_scale, col_scale, diag, given, restricted)
-    return checked_product(adj, x, row_scale, col_scale, diag, with_transpose)
+        out = _cut(cusparse.product(adj, x, row_scale, col_scale, diag, given, restricted), width)
+        return out if bias is None else out + bias
+    return checked_product(adj, x, row_scale, col_scale, diag, with_transpose, bias, width)
 
 
 def checked_product(adj: TiledAdjacency, x: torch.Tensor, row_scale, col_scale, diag,
-                    with_transpose: bool = False) -> torch.Tensor:
-    """:func:`spmm` on fgplugin's kernels, for arguments :func:`checked_inputs` returned."""
+                    with_transpose: bool = False, bias=None, width: int | None = None) -> torch.Tensor:
+    """:func:`spmm` on fgplugin's kernels, for arguments :func:`checked_inputs` and
+    :func:`checked_epilogue` returned (``width`` ``None``: all of ``x``'s columns)."""
     args, features = _op_args_of_checked(adj, x, row_scale, col_scale, diag, with_transpose)
-    return _cut(args.call(with_transpose), features)
+    width = features if width is None else width
+    if bias is None and width == args.x.shape[1]:
+        return args.call(with_transpose)
+    needs_grad = with_transpose or (bias is not None and bias.requires_grad and torch.is_grad_enabled())
+    return args._replace(bias=bias, width=width).call(needs_grad)
+
+
+def checked_epilogue(x: torch.Tensor, bias, width, name: str) -> tuple:
+    """``(bias, width)`` of ``spmm(..., bias=bias, width=width)`` for a checked ``x``: ``width``
+    the output's columns (``x``'s without it), ``bias`` in ``x``'s aux dtype; raises a ValueError
+    naming the problem."""
+    features = x.shape[1]
+    if width is None:
+        width = features
+    elif isinstance(width, bool) or not isinstance(width, int) or not 0 <= width <= features:
+        raise ValueError(f"{name}: width must be an int from 0 to {features} (x's columns), got {width!r}")
+    return _as_aux(bias, "bias", width, aux_dtype_for(x.dtype), x.device), width
 
 
 def _restricted_adjoint(adj: TiledAdjacency, row_scale, col_scale, diag, width: int):
@@ -423,12 +460,14 @@ def spmm_skipping_zero_rows(adj: TiledAdjacency, x: torch.Tensor, row_scale=None
                 features)
 
 
-def csr_product(rowptr, col, values, x, row_scale, col_scale, diag, plan=None) -> torch.Tensor:
+def csr_product(rowptr, col, values, x, row_scale, col_scale, diag, plan=None, bias=None,
+                width: int = -1) -> torch.Tensor:
     """The op on a bare CSR without its transpose: a product nothing will differentiate (the
-    restricted products of the zero-row skipping). Scales and ``diag`` in ``x``'s aux dtype;
-    ``plan`` a :class:`fgplugin.kernel_plan.KernelPlan` of the CSR or ``None``."""
+    restricted products of the zero-row skipping). Scales, ``diag`` and ``bias`` in ``x``'s aux
+    dtype; ``plan`` a :class:`fgplugin.kernel_plan.KernelPlan` of the CSR or ``None``; ``width``
+    as the op's (-1: all columns)."""
     return run_spmm(OpArgs(rowptr, col, values, x, row_scale, col_scale, diag, *_plan_args(plan), None, None, None,
-                           None, ()))
+                           None, (), bias, width))
 
 
 # ---------------------------------------------------------------------- argument preparation
@@ -542,6 +581,20 @@ def padded_width(features: int, dtype: torch.dtype, device: torch.device, nnz: i
         return features
     per_vector = 16 // dtype.itemsize
     return features + -features % per_vector
+
+
+def padded_columns(grad: torch.Tensor, width: int) -> torch.Tensor:
+    """``grad`` with zero columns appended up to ``width``: the gradient of a product cut to fewer
+    columns. Written once by the ``pad_columns`` op (on CUDA a kernel of its own: torch's ``cat``
+    of products-like's [2.45M, 47] gradient with a zero column took 0.77 ms of a 13 ms training
+    step on an H100, over twice a plain copy of the same bytes); by torch's ``pad`` where the
+    result must be differentiable (a double backward) or under functorch (the op has no rules)."""
+    pad = width - grad.shape[-1]
+    if pad == 0:
+        return grad
+    if grad.dim() == 2 and not torch.is_grad_enabled() and not torch._C._are_functorch_transforms_active():
+        return torch.ops.fgplugin.pad_columns(grad.contiguous(), width)
+    return torch.nn.functional.pad(grad, (0, pad))
 
 
 def _pad(x: torch.Tensor, pad: int) -> torch.Tensor:

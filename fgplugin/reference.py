@@ -13,9 +13,11 @@ from ._csr import aux_dtype_for, rows_of_edges
 
 
 def spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag, plan=None, plan_layout=(), t_rowptr=None,
-                   t_col=None, t_values=None, t_plan=None, t_plan_layout=()):
+                   t_col=None, t_values=None, t_plan=None, t_plan_layout=(), bias=None, width=-1):
     """out = diag(row_scale) . (A + diag(diag)) . diag(col_scale) . x, accumulated in the aux dtype
-    (values and scales are rounded to it, as fgplugin.spmm does)."""
+    (values and scales are rounded to it, as fgplugin.spmm does); its first ``width`` columns
+    (all for -1), plus ``bias`` added in x's dtype, as the compiled kernels without a fused
+    epilogue do."""
     acc = aux_dtype_for(x.dtype)
     values, row_scale, col_scale, diag = (None if t is None else t.to(acc) for t in (values, row_scale, col_scale, diag))
     n_rows = rowptr.numel() - 1
@@ -32,7 +34,10 @@ def spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag, plan=None
         out[:n_diag] += diag.unsqueeze(1) * xs[:n_diag]
     if row_scale is not None:
         out = out * row_scale.unsqueeze(1)
-    return out.to(x.dtype)
+    out = out.to(x.dtype)
+    if 0 <= width < out.shape[1]:
+        out = out[:, :width].contiguous()
+    return out if bias is None else out.add_(bias)
 
 
 def sddmm_reference(rowptr, col, a, b):

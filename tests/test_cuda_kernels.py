@@ -89,11 +89,11 @@ def _inputs(case, F, dtype, seed, scales=True, device="cuda"):
     return x.to(device), rs.to(device), cs.to(device), d.to(device)
 
 
-def _run(adj, plan, x, rs, cs, d):
+def _run(adj, plan, x, rs, cs, d, bias=None, width=-1):
     from fgplugin.ops import csr_product
 
     values = None if adj.values is None else adj.values.float()
-    return csr_product(adj.rowptr, adj.col, values, x, rs, cs, d, plan)
+    return csr_product(adj.rowptr, adj.col, values, x, rs, cs, d, plan, bias, width)
 
 
 def _check(case, out, x, rs, cs, d, tol, what):
@@ -265,6 +265,33 @@ def test_remainder_pass_long_and_short_items(fresh_seed, mode):
         for F in (1, 7, 16, 48, 64):
             x, rs, cs, d = _inputs(case, F, DTYPE[mode], fresh_seed + F)
             _check(case, _run(adj, plan, x, rs, cs, d), x, rs, cs, d, TOL[mode], f"chunk={chunk} {mode} F={F}")
+
+
+@requires_kernel
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+def test_epilogue_in_the_output_pass(dense_kernel, fresh_seed, mode):
+    """``bias`` and ``width`` (a layer's bias add and the cut of the zero columns it padded)
+    applied by the kernels' output pass: rows finished by the remainder pass (one item per warp
+    and grouped), rows with dense tiles (their partial read back), split rows finished by the
+    combine pass; against the float64 reference's first ``width`` columns plus the bias."""
+    cases = graph_cases() + [clustered_case(fresh_seed, max_hub_edges=900)]
+    for case in cases:
+        adj = _adj(case).to("cuda")
+        for threshold, chunk in ((adj.threshold, 8), (0.0, 256), (1.0, 8)):
+            plan = build_kernel_plan(adj.rowptr, adj.col, adj.shape, threshold=threshold,
+                                     weighted=adj.values is not None, chunk=chunk)
+            for F, width in ((8, 8), (8, 5), (48, 47), (64, 64), (132, 129), (32, 1)):
+                x, rs, cs, d = _inputs(case, F, DTYPE[mode], fresh_seed + F)
+                bias = torch.randn(width, generator=torch.Generator().manual_seed(F)).cuda()
+                out = _run(adj, plan, x, rs, cs, d, bias, width)
+                what = f"{case.name} thr={threshold} chunk={chunk} {mode} F={F} width={width}"
+                ref = dense_spmm(case.dense(), x.double().cpu(), None if rs is None else rs.cpu(),
+                                 None if cs is None else cs.cpu(), None if d is None else d.cpu())
+                ref = ref[:, :width] + bias.double().cpu()
+                assert out.shape == ref.shape and out.dtype == x.dtype and out.is_contiguous(), what
+                assert not torch.isnan(out.float()).any(), f"{what}: NaN (unwritten or wrong) elements"
+                err = rel_error(out.float(), ref)
+                assert err <= TOL[mode], f"{what}: relative error {err:.2e} > {TOL[mode]:.0e}"
 
 
 @requires_kernel

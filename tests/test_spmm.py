@@ -175,6 +175,8 @@ def test_opcheck():
         x = torch.randn(70, 6, requires_grad=requires_grad)
         args, _ = op_args(adj, x, *adj.norm("gcn"), with_transpose=True, name="test")
         torch.library.opcheck(torch.ops.fgplugin.spmm.default, tuple(args))
+        epilogue = args._replace(bias=torch.randn(4, requires_grad=requires_grad), width=4)
+        torch.library.opcheck(torch.ops.fgplugin.spmm.default, tuple(epilogue))
     unweighted = [c for c in CASES if c.name == "hub_row"][0].adjacency()
     args, _ = op_args(unweighted, torch.randn(300, 6, requires_grad=True), None, None, None, True, "test")
     torch.library.opcheck(torch.ops.fgplugin.spmm.default, tuple(args))
@@ -520,3 +522,72 @@ def test_gradcheck_x_with_each_scale_float64(other):
         return fgplugin.spmm(adj, x, **{**scales, other: s})
 
     assert torch.autograd.gradcheck(f, (x, s))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("node", ["cpp", "python"])
+def test_bias_and_width_match_dense_reference(case, device, node, monkeypatch):
+    """``spmm(..., bias=b, width=w)`` is the product's first ``w`` columns plus ``b``: the output
+    and the gradients of ``x`` and ``b`` against the dense float64 reference, on either autograd
+    node; ``width`` alone and ``bias`` alone too."""
+    if node == "python":
+        _python_node_only(monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    adj = case.adjacency()
+    r, c, d = _scales(adj, "custom", g)
+    dense, n_dst, n_src = case.dense(), *case.shape
+    on = lambda t: None if t is None else t.to(device)  # noqa: E731
+    for width, with_bias in ((6, True), (9, True), (4, False), (9, False), (1, True)):
+        x = torch.randn(n_src, 9, generator=g)
+        b = torch.randn(width, generator=g) if with_bias else None
+        leaves = [t.to(device).requires_grad_() for t in (x, b) if t is not None]
+        out = fgplugin.spmm(adj.to(device), leaves[0], on(r), on(c), on(d), bias=leaves[1] if with_bias else None,
+                            width=None if width == 9 else width)
+        ref = dense_spmm(dense, x, r, c, d)[:, :width] + (0 if b is None else b.double())
+        assert out.shape == (n_dst, width) and out.is_contiguous()
+        assert rel_error(out, ref) <= 1e-5, (width, with_bias)
+        grad_out = torch.randn(n_dst, width, generator=g)
+        grads = torch.autograd.grad(out, leaves, grad_out.to(device))
+        padded = torch.nn.functional.pad(grad_out, (0, 9 - width))
+        assert rel_error(grads[0], dense_spmm(dense.t(), padded, c, r, d)) <= 1e-5, (width, with_bias)
+        if with_bias:
+            assert rel_error(grads[1], grad_out.double().sum(0)) <= 1e-5
+
+
+@pytest.mark.parametrize("node", ["cpp", "python"])
+def test_gradcheck_bias_width_and_scales_float64(node, monkeypatch):
+    """First and second derivatives through the epilogue, with the scales needing gradients too."""
+    if node == "python":
+        _python_node_only(monkeypatch)
+    case = random_graph_case(4, n_src=24)
+    adj = case.adjacency()
+    g = torch.Generator().manual_seed(5)
+    r, c, d = (t.double() for t in _scales(adj, "custom", g))
+    x = torch.randn(24, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, b: fgplugin.spmm(adj, x, r, c, d, bias=b, width=4), (x, b))
+    assert torch.autograd.gradgradcheck(lambda x, b: fgplugin.spmm(adj, x, r, c, d, bias=b, width=4), (x, b))
+    rg = r.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, b, rg: fgplugin.spmm(adj, x, rg, c, d, bias=b, width=4), (x, b, rg))
+    xd = x.detach()  # the bias alone needs a gradient
+    assert torch.autograd.gradcheck(lambda b: fgplugin.spmm(adj, xd, r, c, d, bias=b, width=4), (b,))
+
+
+def test_bias_and_width_errors_name_the_problem():
+    adj = random_graph_case(6, n_src=20).adjacency()
+    x = torch.randn(20, 6)
+    for width in (7, -1, 2.0, True):
+        with pytest.raises(ValueError, match=r"width must be an int from 0 to 6 \(x's columns\)"):
+            fgplugin.spmm(adj, x, width=width)
+    with pytest.raises(ValueError, match="bias must be a 1-D tensor of length 4"):
+        fgplugin.spmm(adj, x, bias=torch.zeros(6), width=4)
+    with pytest.raises(ValueError, match="bias must be a 1-D tensor of length 6"):
+        fgplugin.spmm(adj, x, bias=torch.zeros(2, 3))
+    if fgplugin.extension_status().loaded:  # the op's own checks, for callers that bypass fgplugin.spmm
+        with pytest.raises(RuntimeError, match="width must be -1"):
+            torch.ops.fgplugin.spmm(adj.rowptr, adj.col, None, x, None, None, None, None, [], None, None, None, None,
+                                    [], None, 9)
+        with pytest.raises(RuntimeError, match="bias must be a 1-D tensor with 6 entries"):
+            torch.ops.fgplugin.spmm(adj.rowptr, adj.col, None, x, None, None, None, None, [], None, None, None, None,
+                                    [], torch.zeros(5), -1)

@@ -268,10 +268,10 @@ at::Tensor spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const std::
                     const std::optional<at::Tensor>& /*plan*/, at::IntArrayRef /*plan_layout*/,
                     const std::optional<at::Tensor>& /*t_rowptr*/, const std::optional<at::Tensor>& /*t_col*/,
                     const std::optional<at::Tensor>& /*t_values*/, const std::optional<at::Tensor>& /*t_plan*/,
-                    at::IntArrayRef /*t_plan_layout*/) {
-  const SpmmArgs a = prepare_spmm(rowptr, col, values, x, row_scale, col_scale, diag);
+                    at::IntArrayRef /*t_plan_layout*/, const std::optional<at::Tensor>& bias, int64_t width) {
+  const SpmmArgs a = prepare_spmm(rowptr, col, values, x, row_scale, col_scale, diag, bias, width);
   at::Tensor out = at::empty({a.n_rows, a.x.size(1)}, a.x.options());
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0) return with_epilogue(out, a);
   if (a.x.scalar_type() == at::kFloat) {
     AT_DISPATCH_INDEX_TYPES(a.rowptr.scalar_type(), "fgplugin_spmm_cpu_index", [&] {
       const FloatArgs<index_t> args{a.rowptr.data_ptr<index_t>(), a.col.data_ptr<index_t>(),
@@ -281,7 +281,7 @@ at::Tensor spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const std::
                                     a.diag.has_value() ? std::min(a.n_rows, a.x.size(0)) : 0, a.x.size(1)};
       spmm_rows_float<index_t>(args, a.n_rows);
     });
-    return out;
+    return with_epilogue(out, a);
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.x.scalar_type(), "fgplugin_spmm_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -293,7 +293,7 @@ at::Tensor spmm_cpu(const at::Tensor& rowptr, const at::Tensor& col, const std::
                                    a.x.size(1));
     });
   });
-  return out;
+  return with_epilogue(out, a);
 }
 
 }  // namespace fgplugin

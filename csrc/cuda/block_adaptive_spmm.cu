@@ -497,7 +497,7 @@ __global__ void __launch_bounds__(128, 4) ba_dense_kernel(const DenseParams<scal
       for (int q = 0; q < 4; ++q) {
         const int64_t row = block * (32 * kBlockPanels) + m * 16 + g + (q >> 1) * 8;
         const int64_t f = f0 + warp * WN + n * 8 + 2 * t4 + (q & 1);
-        if (row < p.n_rows && f < p.F) p.out[row * p.F + f] = from_float<scalar_t>(acc[m][n][q]);
+        if (row < p.n_rows && f < p.out_cols) p.out[row * p.out_cols + f] = from_float<scalar_t>(acc[m][n][q]);
       }
   }
 }
@@ -510,9 +510,10 @@ struct SparseParams {
   const float* values;                                      // edge weights, or null
   const scalar_t* x;
   const float *rs, *cs, *diag;                              // row and column scales, self loops (or null)
-  scalar_t* out;
+  const float* bias;                                        // [out_cols], added after the row scale, or null
+  scalar_t* out;                                            // [n_rows, out_cols]: x's first out_cols columns
   float* partial;                                           // fp32 sums of split rows' items
-  int64_t n_items, n_diag, F;
+  int64_t n_items, n_diag, F, out_cols;
   int lanes;  // L: lanes per feature group (power of two <= 32)
   bool vec;
   bool grouped;  // one item per group of L lanes (sparse_items_grouped) instead of one per warp
@@ -573,7 +574,8 @@ __device__ __forceinline__ void gather4(const SparseParams<scalar_t, index_t>& p
 }
 
 // An item's sum for features [f, f + V): an fp32 partial (slot >= 0; the combine pass finishes the
-// row), or the finished row: + diag term + dense partial (read back from out), times the row scale.
+// row), or the finished row: + diag term + dense partial (read back from out), times the row
+// scale, + bias. Output rows narrower than x's (out_cols < F) are written element by element.
 template <int V, typename scalar_t, typename index_t>
 __device__ __forceinline__ void finish_item(const SparseParams<scalar_t, index_t>& p, int64_t row, int slot,
                                             bool has_dense, int64_t f, float (&acc)[V]) {
@@ -590,29 +592,37 @@ __device__ __forceinline__ void finish_item(const SparseParams<scalar_t, index_t
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = fmaf(dd, xr[v], acc[v]);
   }
-  if (has_dense) {
-    float dv[V];
-    IO::load_rw(p.out + row * F + f, dv);
+  const float r = p.rs != nullptr ? p.rs[row] : 1.f;
+  if (p.out_cols == F) {
+    if (has_dense) {
+      float dv[V];
+      IO::load_rw(p.out + row * F + f, dv);
 #pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] += dv[v];
-  }
-  if (p.rs != nullptr) {
-    const float r = p.rs[row];
+      for (int v = 0; v < V; ++v) acc[v] += dv[v];
+    }
 #pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] *= r;
+    for (int v = 0; v < V; ++v) acc[v] = acc[v] * r + (p.bias != nullptr ? p.bias[f + v] : 0.f);
+    IO::store(p.out + row * F + f, acc);
+    return;
   }
-  IO::store(p.out + row * F + f, acc);
+  scalar_t* out = p.out + row * p.out_cols;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    if (f + v < p.out_cols) {
+      const float sum = has_dense ? acc[v] + to_float(out[f + v]) : acc[v];
+      out[f + v] = from_float<scalar_t>(sum * r + (p.bias != nullptr ? p.bias[f + v] : 0.f));
+    }
+  }
 }
 
 template <int V, typename scalar_t, typename index_t>
 __device__ __forceinline__ void sparse_item(const SparseParams<scalar_t, index_t>& p, int64_t row, int64_t b,
                                             int64_t e, int slot, int lane) {
   const int L = p.lanes, G = 32 / L, grp = lane / L, sub = lane % L;
-  const int64_t F = p.F;
   const bool has_dense = p.dpanel_dense[row >> 5] != 0;
-  for (int64_t f0 = 0; f0 < F; f0 += static_cast<int64_t>(L) * V) {
+  for (int64_t f0 = 0; f0 < p.out_cols; f0 += static_cast<int64_t>(L) * V) {  // columns past out_cols: not needed
     const int64_t f = f0 + static_cast<int64_t>(sub) * V;
-    const bool active = f < F;
+    const bool active = f < p.out_cols;
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = 0.f;
@@ -659,7 +669,7 @@ __device__ __forceinline__ void sparse_items_grouped(const SparseParams<scalar_t
   int longest = len;
   for (int off = 16; off > 0; off >>= 1) longest = max(longest, __shfl_xor_sync(kFull, longest, off));
   const int64_t f = static_cast<int64_t>(sub) * V;
-  const bool active = has_item && f < p.F;
+  const bool active = has_item && f < p.out_cols;
   float acc[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) acc[v] = 0.f;
@@ -709,8 +719,8 @@ __global__ void __launch_bounds__(kSparseWarps * 32)
     ba_combine_kernel(const int64_t* __restrict__ split_row, const int* __restrict__ split_ptr,
                       const float* __restrict__ partial, const int* __restrict__ dpanel_dense,
                       const scalar_t* __restrict__ x, const float* __restrict__ rs, const float* __restrict__ cs,
-                      const float* __restrict__ diag, scalar_t* __restrict__ out, int64_t n_split, int64_t n_diag,
-                      int64_t F) {
+                      const float* __restrict__ diag, const float* __restrict__ bias, scalar_t* __restrict__ out,
+                      int64_t n_split, int64_t n_diag, int64_t F, int64_t out_cols) {
   const int64_t s = static_cast<int64_t>(blockIdx.x) * kSparseWarps + threadIdx.x / 32;
   if (s >= n_split) return;
   const int lane = threadIdx.x & 31;
@@ -719,12 +729,12 @@ __global__ void __launch_bounds__(kSparseWarps * 32)
   const bool has_dense = dpanel_dense[row >> 5] != 0;
   const float dd = (diag != nullptr && row < n_diag) ? diag[row] * (cs != nullptr ? cs[row] : 1.f) : 0.f;
   const float r = rs != nullptr ? rs[row] : 1.f;
-  for (int64_t f = lane; f < F; f += 32) {
+  for (int64_t f = lane; f < out_cols; f += 32) {
     float acc = 0.f;
     for (int64_t q = s0; q < s1; ++q) acc += partial[q * F + f];
     if (diag != nullptr && row < n_diag) acc = fmaf(dd, to_float(x[row * F + f]), acc);
-    if (has_dense) acc += to_float(out[row * F + f]);
-    out[row * F + f] = from_float<scalar_t>(acc * r);
+    if (has_dense) acc += to_float(out[row * out_cols + f]);
+    out[row * out_cols + f] = from_float<scalar_t>(acc * r + (bias != nullptr ? bias[f] : 0.f));
   }
 }
 
@@ -771,12 +781,14 @@ cudaError_t run(const SpmmArgs& a, const BlockPlan& plan, const at::Tensor& out,
   const bool weighted = a.values.has_value();
   const auto stream = c10::cuda::getCurrentCUDAStream();
   constexpr int V = kVec<scalar_t>;
+  const int64_t out_cols = a.width;  // the output's columns: x's first ones
   const bool vec = F % V == 0 && reinterpret_cast<uintptr_t>(a.x.data_ptr()) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0;
   const float* values = weighted ? a.values->data_ptr<float>() : nullptr;
   const float* rs = data_or_null<float>(a.row_scale);
   const float* cs = data_or_null<float>(a.col_scale);
   const float* diag = data_or_null<float>(a.diag);
+  const float* bias = data_or_null<float>(a.bias);
   const int64_t n_diag = a.diag ? std::min(n_rows, n_cols) : 0;
 
   // 1. dense tiles
@@ -796,6 +808,7 @@ cudaError_t run(const SpmmArgs& a, const BlockPlan& plan, const at::Tensor& out,
                              n_rows,
                              n_cols,
                              F,
+                             out_cols,
                              vec};
     cudaError_t e;
     const bool sm90 = !weighted && dense_sm90_usable(stream);  // Hopper: the wgmma kernel
@@ -817,7 +830,7 @@ cudaError_t run(const SpmmArgs& a, const BlockPlan& plan, const at::Tensor& out,
 
   // 2. sparse remainder (+ diag, dense partial, row scale)
   {
-    const int64_t lanes_needed = vec ? (F + V - 1) / V : F;
+    const int64_t lanes_needed = vec ? (out_cols + V - 1) / V : out_cols;
     int lanes = 1;
     while (lanes < lanes_needed && lanes < 32) lanes <<= 1;
     const bool grouped = lanes < 32 && sparse_grouped(rem_col.numel(), n_items);
@@ -833,11 +846,13 @@ cudaError_t run(const SpmmArgs& a, const BlockPlan& plan, const at::Tensor& out,
                                        rs,
                                        cs,
                                        diag,
+                                       bias,
                                        out.data_ptr<scalar_t>(),
                                        partial.data_ptr<float>(),
                                        n_items,
                                        n_diag,
                                        F,
+                                       out_cols,
                                        lanes,
                                        vec,
                                        grouped};
@@ -850,8 +865,8 @@ cudaError_t run(const SpmmArgs& a, const BlockPlan& plan, const at::Tensor& out,
     const int64_t blocks = (n_split + kSparseWarps - 1) / kSparseWarps;
     ba_combine_kernel<scalar_t><<<static_cast<unsigned>(blocks), kSparseWarps * 32, 0, stream>>>(
         split_row.data_ptr<int64_t>(), split_ptr.data_ptr<int>(), partial.data_ptr<float>(),
-        dpanel_dense.data_ptr<int>(), a.x.data_ptr<scalar_t>(), rs, cs, diag, out.data_ptr<scalar_t>(), n_split,
-        n_diag, F);
+        dpanel_dense.data_ptr<int>(), a.x.data_ptr<scalar_t>(), rs, cs, diag, bias, out.data_ptr<scalar_t>(), n_split,
+        n_diag, F, out_cols);
   }
   return cudaGetLastError();
 }

@@ -27,8 +27,8 @@ struct DenseParams {
   const float* values;                            // edge weights, or null
   const scalar_t* x;
   const float* cs;                                // column scales, or null
-  scalar_t* out;
-  int64_t n_rows, n_cols, F;
+  scalar_t* out;                                  // [n_rows, out_cols]: x's first out_cols columns
+  int64_t n_rows, n_cols, F, out_cols;
   bool vec;  // F is a whole number of 16-byte vectors and x, out are 16-byte aligned
 };
 

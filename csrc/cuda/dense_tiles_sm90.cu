@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(128) ba_dense_sm90_kernel(const DenseParams<sc
     for (int e = 0; e < 32; ++e) {
       const int64_t row = block * 128 + 64 * h + 16 * warp + g + 8 * ((e & 3) >> 1);
       const int64_t f = f0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
-      if (row < p.n_rows && f < p.F) p.out[row * p.F + f] = static_cast<scalar_t>(acc[h][e]);
+      if (row < p.n_rows && f < p.out_cols) p.out[row * p.out_cols + f] = static_cast<scalar_t>(acc[h][e]);
     }
   }
 #endif  // FGPLUGIN_WGMMA
