@@ -362,10 +362,12 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
         isinstance(t, torch.Tensor) and t.requires_grad for t in (x, adj.values, row_scale, col_scale, diag))
     given = (row_scale, col_scale, diag)  # as passed: what a kept cuSPARSE fold is found by
     row_scale, col_scale, diag = checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
-    bias, width = checked_epilogue(x, bias, width, "fgplugin.spmm")
+    if bias is not None or width is not None:
+        bias, width = checked_epilogue(x, bias, width, "fgplugin.spmm")
     if settings.cusparse != "0" and cusparse.runs(adj, x, row_scale, col_scale, diag, checked_product, given):
         restricted = _restricted_adjoint(adj, row_scale, col_scale, diag, x.shape[1]) if with_transpose else None
-        out = _cut(cusparse.product(adj, x, row_scale, col_scale, diag, given, restricted), width)
+        out = cusparse.product(adj, x, row_scale, col_scale, diag, given, restricted)
+        out = out if width is None else _cut(out, width)
         return out if bias is None else out + bias
     return checked_product(adj, x, row_scale, col_scale, diag, with_transpose, bias, width)
 
