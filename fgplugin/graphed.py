@@ -29,10 +29,12 @@ What capture needs, and what this does about it:
 - **No host sync in the step.** A boolean mask index (``out[mask]``) has a data-dependent size:
   index with ``mask.nonzero()`` computed once, as above. fgplugin's zero-row skipping
   (fgplugin.grad_rows) finds the live rows of a gradient on the host, so it is off while the
-  step is warmed up and captured (the captured backward runs the full products); the kept input
-  aggregation (fgplugin.input_cache) is filled in the warm-up (from its second step: with
-  ``warmup=1`` the graph computes it every replay) and read by the graph, its form (dense, or a
-  mostly-zero input kept sparse: fgplugin.sparse_input) chosen by device time alone.
+  step is warmed up and captured (the captured backward runs the full products: on graphs of
+  100M edges that makes a captured step 1.0-1.4x slower than an eager one; docs/results.md
+  section 21); the kept input aggregation (fgplugin.input_cache) is filled in the warm-up (from
+  its second step: with ``warmup=1`` the graph computes it every replay) and read by the graph,
+  its form (dense, or a mostly-zero input kept sparse: fgplugin.sparse_input) chosen by device
+  time alone.
 - **Optimizers**: those with a ``capturable`` option (Adam, AdamW, ...) are switched to it, which
   keeps their step counts on the GPU. Adam and AdamW left at torch's default implementation
   (neither ``foreach`` nor ``fused`` given) are switched to their fused one: the same update in
