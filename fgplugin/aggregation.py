@@ -167,7 +167,8 @@ def _aggregate_transformed(graph, x: Tensor, weight: Tensor, bias: Tensor | None
     out = weight.shape[1]
     width = graph.vector_width(out, _product_dtype(x, weight))
     h = x @ weight if width == out else x @ torch.nn.functional.pad(weight, (0, width - out))
-    if isinstance(graph, Aggregation) and hops >= 1 and h.dim() == 2 and node_dim % 2 == 0:
+    # Aggregation's own call takes the epilogue; a subclass's may keep the plain graph(x)
+    if type(graph).__call__ is Aggregation.__call__ and hops >= 1 and h.dim() == 2 and node_dim % 2 == 0:
         for _ in range(hops - 1):
             h = graph(h)
         return graph(h, bias, out)

@@ -5,8 +5,9 @@ by :func:`define_reference_ops` with the same schemas and the pure-torch kernels
 fgplugin/reference.py). This module registers their fake kernels and their one autograd each,
 used alike in eager mode and under torch.compile:
 
-    out      = diag(r) (A + diag(d)) diag(c) x
-    grad_x   = diag(c) (A^T + diag(d)) diag(r) g           the same op on A's transpose
+    out      = diag(r) (A + diag(d)) diag(c) x              [:, :width] + bias: the epilogue
+    grad_x   = diag(c) (A^T + diag(d)) diag(r) g           the same op on A's transpose (g padded
+                                                           back to x's columns); grad_bias = rowsum
     grad_val = SDDMM: <r_i g_i, c_j x_j> for each edge (i <- j)
     grad_r   = rowsum(g * (A + diag(d)) diag(c) x)
     grad_c   = rowsum(x * (A^T + diag(d)) diag(r) g),  grad_d = r * c * rowsum(g * x)
@@ -254,8 +255,11 @@ class _SpmmAutograd(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         saved = list(ctx.saved_tensors)
-        args = OpArgs(*saved[:8], ctx.layouts[0], *saved[8:], ctx.layouts[1])  # the product without its epilogue
-        grads = input_grads(args, padded_columns(grad, ctx.features), ctx.needs_input_grad[3:8], skip_zero_rows=True)
+        grads = (None,) * 5
+        if any(ctx.needs_input_grad[3:8]):  # not where the bias alone needs a gradient
+            args = OpArgs(*saved[:8], ctx.layouts[0], *saved[8:], ctx.layouts[1])  # the product without its epilogue
+            grads = input_grads(args, padded_columns(grad, ctx.features), ctx.needs_input_grad[3:8],
+                                skip_zero_rows=True)
         grad_bias = grad.sum(dim=0, dtype=ctx.bias_dtype) if ctx.needs_input_grad[15] else None
         return (None, None, None, *grads) + (None,) * 7 + (grad_bias, None)
 
@@ -378,8 +382,10 @@ def checked_product(adj: TiledAdjacency, x: torch.Tensor, row_scale, col_scale, 
     :func:`checked_epilogue` returned (``width`` ``None``: all of ``x``'s columns)."""
     args, features = _op_args_of_checked(adj, x, row_scale, col_scale, diag, with_transpose)
     width = features if width is None else width
-    if bias is None and width == args.x.shape[1]:
-        return args.call(with_transpose)
+    if width == args.x.shape[1]:
+        if bias is None:
+            return args.call(with_transpose)
+        width = -1  # nothing to cut: no int for torch.compile to specialize a dynamic width on
     needs_grad = with_transpose or (bias is not None and bias.requires_grad and torch.is_grad_enabled())
     return args._replace(bias=bias, width=width).call(needs_grad)
 

@@ -591,3 +591,18 @@ def test_bias_and_width_errors_name_the_problem():
         with pytest.raises(RuntimeError, match="bias must be a 1-D tensor with 6 entries"):
             torch.ops.fgplugin.spmm(adj.rowptr, adj.col, None, x, None, None, None, None, [], None, None, None, None,
                                     [], torch.zeros(5), -1)
+
+
+def test_bias_under_torch_compile_keeps_a_dynamic_feature_width():
+    """With a bias and nothing to cut the op gets ``width=-1``, not the features' count: a model
+    compiled with dynamic shapes is traced once for every width, as without the bias."""
+    case = random_graph_case(13, n_src=50)
+    adj = case.adjacency()
+    torch._dynamo.reset()
+    frames = []
+    compiled = torch.compile(lambda x, b: fgplugin.spmm(adj, x, bias=b), dynamic=True, fullgraph=True,
+                             backend=lambda gm, inputs: frames.append(gm) or gm.forward)
+    for features in (8, 9, 10):
+        x, b = torch.randn(50, features), torch.randn(features)
+        assert rel_error(compiled(x, b), dense_spmm(case.dense(), x) + b.double()) <= 1e-5
+    assert len(frames) <= 2  # the first call may be traced with static shapes, the rest share one graph
