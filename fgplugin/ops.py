@@ -7,7 +7,8 @@ used alike in eager mode and under torch.compile:
 
     out      = diag(r) (A + diag(d)) diag(c) x              [:, :width] + bias: the epilogue
     grad_x   = diag(c) (A^T + diag(d)) diag(r) g           the same op on A's transpose (g padded
-                                                           back to x's columns); grad_bias = rowsum
+                                                           back to x's columns); grad_bias = g
+                                                           summed over its rows
     grad_val = SDDMM: <r_i g_i, c_j x_j> for each edge (i <- j)
     grad_r   = rowsum(g * (A + diag(d)) diag(c) x)
     grad_c   = rowsum(x * (A^T + diag(d)) diag(r) g),  grad_d = r * c * rowsum(g * x)
