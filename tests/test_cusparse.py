@@ -315,3 +315,26 @@ def test_two_normalizations_of_one_graph_are_captured(monkeypatch, routed):
     assert isinstance(step.graph, torch.cuda.CUDAGraph) and routed.count(72) >= 2 * (3 + 1)
     losses = [float(step()) for _ in range(20)]
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forced_route_applies_the_epilogue(device, routed):
+    """A product routed to cuSPARSE cuts and adds the bias after it: values and the gradients of
+    ``x`` and the bias as on fgplugin's kernels (float64 reference)."""
+    fgplugin.set_cusparse("1")
+    case = random_graph_case(21, n_src=120, avg_degree=6.0)
+    adj = case.adjacency().to(device)
+    r, c, d = _scales(case, device, "scales")
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(120, WIDTH, generator=g).to(device).requires_grad_()
+    b = torch.randn(WIDTH - 3, generator=g).to(device).requires_grad_()
+    out = fgplugin.spmm(adj, x, r, c, d, bias=b, width=WIDTH - 3)
+    assert routed == [WIDTH]
+    on_cpu = lambda t: t.double().cpu()  # noqa: E731
+    ref = dense_spmm(case.dense(), on_cpu(x.detach()), on_cpu(r), on_cpu(c), on_cpu(d))[:, :WIDTH - 3]
+    assert out.shape == (120, WIDTH - 3) and rel_error(out, ref + on_cpu(b.detach())) <= 1e-5
+    upstream = torch.randn(out.shape, generator=g).to(device)
+    grad_x, grad_b = torch.autograd.grad(out, (x, b), upstream)
+    padded = F.pad(upstream.double().cpu(), (0, 3))
+    assert rel_error(grad_x, dense_spmm(case.dense().t(), padded, on_cpu(c), on_cpu(r), on_cpu(d))) <= 1e-5
+    assert rel_error(grad_b, upstream.double().cpu().sum(0)) <= 1e-5

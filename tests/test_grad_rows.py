@@ -302,3 +302,28 @@ def test_spmm_skipping_zero_rows_is_the_forward_product(device, weighted, featur
         full = spmm_skipping_zero_rows(adj, dense_x, r, c, d)
     assert rel_error(full, dense_spmm(case.dense(), dense_x.double(), r, c, d)) <= TOL
     assert grad_rows.stats(adj.col)["builds"] == 1
+
+
+def test_skipping_applies_to_a_product_with_an_epilogue(monkeypatch):
+    """A cut product with a bias (a layer's last aggregation) whose output gradient lives on a few
+    rows: the backward runs the restricted product, with the gradient padded back to full width,
+    and matches the float64 reference."""
+    monkeypatch.setattr(grad_rows, "MIN_WORK", {"cuda": 0, "cpu": 0})
+    case = random_graph_case(31, n_src=300, avg_degree=5.0)
+    adj = case.adjacency()
+    r, c, d = adj.norm("gcn")
+    restricted = []
+    restrict = grad_rows.restrict_to_live_rows
+    monkeypatch.setattr(grad_rows, "restrict_to_live_rows",
+                        lambda *args: restricted.append(1) or restrict(*args))
+    g = torch.Generator().manual_seed(32)
+    x = torch.randn(300, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(7, generator=g, dtype=torch.float64, requires_grad=True)
+    out = fgplugin.spmm(adj, x, r, c, d, bias=b, width=7)
+    upstream = torch.zeros(300, 7, dtype=torch.float64)
+    upstream[::20] = torch.randn(15, 7, generator=g, dtype=torch.float64)
+    grad_x, grad_b = torch.autograd.grad(out, (x, b), upstream)
+    assert restricted, "the zero-row skipping did not run"
+    padded = torch.nn.functional.pad(upstream, (0, 1))
+    assert rel_error(grad_x, dense_spmm(case.dense().t(), padded, c, r, d)) <= 1e-10
+    assert rel_error(grad_b, upstream.sum(0)) <= 1e-10
