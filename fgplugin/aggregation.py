@@ -169,9 +169,7 @@ def _aggregate_transformed(graph, x: Tensor, weight: Tensor, bias: Tensor | None
     h = x @ weight if width == out else x @ torch.nn.functional.pad(weight, (0, width - out))
     # Aggregation's own call takes the epilogue; a subclass's may keep the plain graph(x)
     if type(graph).__call__ is Aggregation.__call__ and hops >= 1 and h.dim() == 2 and node_dim % 2 == 0:
-        for _ in range(hops - 1):
-            h = graph(h)
-        return graph(h, bias, out)
+        return graph(_propagate(graph, h, hops - 1), bias, out)
     if width == out:
         return _plus_bias(_propagate(graph, h, hops, node_dim), bias)
     padded = _propagate(graph, h, hops, node_dim)
