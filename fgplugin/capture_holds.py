@@ -41,3 +41,8 @@ def capturing(t) -> bool:
     """Whether ``t`` is a CUDA tensor and the current stream is capturing a CUDA graph (where a
     host sync, e.g. a check or a timing, would fail the capture)."""
     return isinstance(t, torch.Tensor) and t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def collecting_holds() -> bool:
+    """Whether what the caches hand out is being collected (:func:`collecting`)."""
+    return _held.get() is not None

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 import torch.autograd.forward_ad
 
-from . import _extension, cusparse, grad_rows
+from . import _extension, cusparse, grad_rows, repeated_calls
 from ._csr import aux_dtype_for, rows_of_edges
 from .config import settings
 from .eager import plain_eager
@@ -129,9 +129,25 @@ def _autograd_kernel(op, function, defaults: tuple = ()):
             args = (*args, *defaults[len(args) - full:])
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
             return function.apply(keyset, *args)
+        refuse_forward_ad(args)
         return _below_autograd(op, keyset, args)
 
     return kernel
+
+
+def refuse_forward_ad(args) -> None:
+    """Raises where forward-mode AD (``torch.autograd.forward_ad``, ``torch.func.jvp``) carries a
+    tangent into an op that would otherwise run below autograd and drop it: the ops have no
+    forward-mode derivative, and a silently zero tangent would be a wrong answer."""
+    if torch.autograd.forward_ad._current_level < 0:
+        return
+    interpreter = torch._C._functorch.peek_interpreter_stack()
+    if (interpreter is not None and interpreter.key() == torch._C._functorch.TransformType.Jvp) or any(
+            isinstance(t, torch.Tensor) and torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+            for t in args):
+        raise NotImplementedError("fgplugin's products have no forward-mode derivative (torch.autograd.forward_ad, "
+                                  "torch.func.jvp / jacfwd); differentiate in reverse mode (loss.backward(), "
+                                  "torch.autograd.grad)")
 
 
 def _below_autograd(op, keyset, args):
@@ -181,15 +197,40 @@ class OpArgs(NamedTuple):
         return run_spmm(self, needs_grad)
 
 
-def run_spmm(args: OpArgs, needs_grad: bool | None = None) -> torch.Tensor:
+_MAKE_OP_ARGS = OpArgs._make  # from a sequence of all 16, without NamedTuple's keyword handling
+
+
+class PreparedCall(NamedTuple):
+    """A :func:`spmm` call as its checks decided it (fgplugin.repeated_calls keeps it): the op's
+    arguments are ``(*head, x, *middle, bias, width)``, ``x`` padded by ``pad`` zero columns, run
+    by ``route`` (:func:`eager_route`). ``sources``: the scales, diagonal and bias as the caller
+    passed them, whose ids key it."""
+
+    head: tuple
+    middle: tuple
+    width: int
+    pad: int
+    route: object
+    sources: tuple = ()
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.pad:
+            x = torch.nn.functional.pad(x, (0, self.pad))
+        return run_spmm(_MAKE_OP_ARGS((*self.head, x, *self.middle, bias, self.width)), True, self.route)
+
+
+def run_spmm(args: OpArgs, needs_grad: bool | None = None, route=None) -> torch.Tensor:
     """The op on ``args``: every product of this module goes through here. ``needs_grad``: whether
-    autograd must record the call, if the caller knows (else it is found out).
+    autograd must record the call, if the caller knows (else it is found out); ``route``: how
+    to run it in plain eager mode, where a kept call (:class:`PreparedCall`) knows.
 
     In plain eager mode the op's autocast and autograd steps are taken here in Python instead of
     by the dispatcher, which would call back into their Python kernels (:func:`_autocast_kernel`,
     :func:`_autograd_kernel`) and box the 14 arguments each time: 5 us of a 10 us call on a
     small graph (2-core CPU, torch 2.13). Under torch.compile, functorch transforms, tensor
     subclasses and torch function or dispatch modes the op goes through the dispatcher."""
+    if route is not None:
+        return route(args)
     x = args.x
     if not plain_eager(x):
         return torch.ops.fgplugin.spmm.default(*args)
@@ -198,9 +239,30 @@ def run_spmm(args: OpArgs, needs_grad: bool | None = None) -> torch.Tensor:
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and torch._C._any_requires_grad(*args)
     if not needs_grad:
-        return _below_autograd(torch.ops.fgplugin.spmm.default, None, args)
+        refuse_forward_ad(args)
+    return eager_route(args, needs_grad)(args)
+
+
+def eager_route(args: OpArgs, needs_grad: bool):
+    """How plain eager mode runs the op on ``args`` (``x`` in the dtype it is multiplied in):
+    below autograd, or recorded by the C++ node of ``spmm_wrt_x`` or by :class:`_SpmmAutograd`.
+    The route takes the arguments as a sequence."""
+    if not needs_grad:
+        return _run_below_autograd
     if _wrt_x_alone(args):
-        return torch.ops.fgplugin.spmm_wrt_x.default(*args)
+        return _run_wrt_x
+    return _run_autograd_function
+
+
+def _run_below_autograd(args) -> torch.Tensor:
+    return _below_autograd(torch.ops.fgplugin.spmm.default, None, args)
+
+
+def _run_wrt_x(args) -> torch.Tensor:
+    return torch.ops.fgplugin.spmm_wrt_x.default(*args)
+
+
+def _run_autograd_function(args) -> torch.Tensor:
     return _FUNCTION_APPLY(None, *args)
 
 
@@ -362,33 +424,49 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     the edge weights ``adj.values``, the scales, ``diag`` and ``bias`` (twice, too); works under
     ``torch.compile(fullgraph=True)``. Returns ``[num_dst, width or F]`` in the dtype of ``x``.
     """
+    prepared = repeated_calls.find(adj, x, row_scale, col_scale, diag, bias, width)
+    if prepared is not None:  # a call like an earlier one: its checks and choices hold (fgplugin.repeated_calls)
+        return prepared(x, bias)
     # The forward product needs the transpose only for a backward pass.
     with_transpose = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (x, adj.values, row_scale, col_scale, diag))
     given = (row_scale, col_scale, diag)  # as passed: what a kept cuSPARSE fold is found by
-    row_scale, col_scale, diag = checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
+    checked = checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
+    checked_bias, checked_width = bias, width
     if bias is not None or width is not None:
-        bias, width = checked_epilogue(x, bias, width, "fgplugin.spmm")
-    if settings.cusparse != "0" and cusparse.runs(adj, x, row_scale, col_scale, diag, checked_product, given):
-        restricted = _restricted_adjoint(adj, row_scale, col_scale, diag, x.shape[1]) if with_transpose else None
-        out = cusparse.product(adj, x, row_scale, col_scale, diag, given, restricted)
-        out = out if width is None else _cut(out, width)
-        return out if bias is None else out + bias
-    return checked_product(adj, x, row_scale, col_scale, diag, with_transpose, bias, width)
+        checked_bias, checked_width = checked_epilogue(x, bias, width, "fgplugin.spmm")
+    if settings.cusparse != "0" and cusparse.runs(adj, x, *checked, checked_product, given):
+        restricted = _restricted_adjoint(adj, *checked, x.shape[1]) if with_transpose else None
+        out = cusparse.product(adj, x, *checked, given, restricted)
+        out = out if checked_width is None else _cut(out, checked_width)
+        return out if checked_bias is None else out + checked_bias
+    args, needs_grad = _product_args(adj, x, *checked, with_transpose, checked_bias, checked_width)
+    if not repeated_calls.context_allows(x):
+        return args.call(needs_grad)
+    prepared = PreparedCall(args[:3], args[4:14], args.width, args.x.shape[1] - x.shape[1], eager_route(args, needs_grad))
+    repeated_calls.keep(adj, x, row_scale, col_scale, diag, bias, width, prepared, (*checked, checked_bias))
+    return prepared(x, checked_bias)
 
 
 def checked_product(adj: TiledAdjacency, x: torch.Tensor, row_scale, col_scale, diag,
                     with_transpose: bool = False, bias=None, width: int | None = None) -> torch.Tensor:
     """:func:`spmm` on fgplugin's kernels, for arguments :func:`checked_inputs` and
     :func:`checked_epilogue` returned (``width`` ``None``: all of ``x``'s columns)."""
+    args, needs_grad = _product_args(adj, x, row_scale, col_scale, diag, with_transpose, bias, width)
+    return args.call(needs_grad)
+
+
+def _product_args(adj: TiledAdjacency, x: torch.Tensor, row_scale, col_scale, diag, with_transpose: bool,
+                  bias, width: int | None) -> tuple[OpArgs, bool]:
+    """The op's arguments of :func:`checked_product` and whether autograd must record the call."""
     args, features = _op_args_of_checked(adj, x, row_scale, col_scale, diag, with_transpose)
     width = features if width is None else width
+    needs_grad = with_transpose or (bias is not None and bias.requires_grad and torch.is_grad_enabled())
     if width == args.x.shape[1]:
         if bias is None:
-            return args.call(with_transpose)
+            return args, with_transpose
         width = -1  # nothing to cut: no int for torch.compile to specialize a dynamic width on
-    needs_grad = with_transpose or (bias is not None and bias.requires_grad and torch.is_grad_enabled())
-    return args._replace(bias=bias, width=width).call(needs_grad)
+    return args._replace(bias=bias, width=width), needs_grad
 
 
 def checked_epilogue(x: torch.Tensor, bias, width, name: str) -> tuple:

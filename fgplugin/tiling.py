@@ -117,6 +117,7 @@ class TiledAdjacency:
         # version so that an in-place write to them is seen (_kept_for_values).
         self._shared = {} if _shared is None else _shared
         self._cache = {}
+        self._calls = {}  # fgplugin.spmm's decided calls (fgplugin.repeated_calls)
 
     # ------------------------------------------------------------------ constructors
     @classmethod

@@ -424,7 +424,8 @@ def test_product_needing_the_gradient_of_x_alone_has_a_cpp_autograd_node(monkeyp
     weighted = adj.with_values(torch.rand(case.edge_index.shape[1], dtype=torch.float64, requires_grad=True))
     assert fgplugin.spmm(weighted, x, r, c, d).grad_fn.name() == python_node
     monkeypatch.setitem(grad_rows.MIN_WORK, "cpu", 0)  # the zero-row skipping may apply now
-    assert fgplugin.spmm(adj, x, r, c, d).grad_fn.name() == python_node
+    # (to calls decided from now on: adj's earlier call keeps its choice, fgplugin.repeated_calls)
+    assert fgplugin.spmm(case.adjacency(), x, r, c, d).grad_fn.name() == python_node
 
 
 def _python_node_only(monkeypatch):
@@ -501,12 +502,21 @@ def test_writing_to_x_after_the_product_is_no_error(monkeypatch, python_only):
         out.sum().backward()
 
 
-def test_forward_mode_ad_raises_not_implemented_on_either_path():
+@pytest.mark.parametrize("reverse_too", [True, False])
+def test_forward_mode_ad_raises_not_implemented_on_either_path(reverse_too):
+    """With or without a reverse-mode gradient wanted too (without, the product would run below
+    autograd and drop the tangent: a zero tangent, silently), in a dual level and under
+    torch.func.jvp, warm or not."""
     import torch.autograd.forward_ad as fwAD
     adj, (r, c, d) = _small_gcn_case()
-    x = torch.randn(30, 4, requires_grad=True)
-    with fwAD.dual_level(), pytest.raises(NotImplementedError):
+    x = torch.randn(30, 4, requires_grad=reverse_too)
+    for _ in range(2):
+        fgplugin.spmm(adj, x, r, c, d)  # what a kept call would serve
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="forward.mode"):
         fgplugin.spmm(adj, fwAD.make_dual(x, torch.ones_like(x)), r, c, d)
+    if not reverse_too:
+        with pytest.raises(NotImplementedError, match="forward.mode"):
+            torch.func.jvp(lambda t: fgplugin.spmm(adj, t, r, c, d), (x,), (torch.ones_like(x),))
 
 
 @pytest.mark.parametrize("other", ["row_scale", "col_scale", "diag"])

@@ -1,0 +1,90 @@
+"""A ``fgplugin.spmm`` call that repeats an earlier one reuses what the earlier one decided.
+
+On small graphs a training step is bound by host time, and most of a product's host time went
+to its checks and choices: argument checks, the scales' dtype, the cuSPARSE choice, the padding,
+the kept op arguments, which autograd node records it. 16 us of a 25 us call (a GCN layer's
+product with its epilogue, 64-node graph, 2-core CPU, torch 2.13), where the op itself, kernels
+and autograd node included, takes 9 us. Those depend only on what a training loop passes
+unchanged from one step to the next: the adjacency, the scale and bias tensors (by identity), x's
+dtype, shape and device, whether a gradient is wanted, the switches of fgplugin.config and the
+edge values' version. So :func:`fgplugin.spmm` keeps, per adjacency and per such key, the
+decided call (``fgplugin.ops.PreparedCall``: the op's arguments but ``x`` and the bias, the
+columns to pad ``x`` with, and how to run the op), and a later call with the same key runs it at
+once.
+
+Only calls in plain eager mode are kept or reused, with no autocast, forward-mode AD, CUDA graph
+capture or captured-step warm-up active; their edge values, scales and diagonal need no gradient,
+and the checks changed none of the given tensors (no cast). Everything else takes the full path,
+every time. What the op's C++ side checks (shapes, dtypes, devices of every tensor it gets) it
+checks on every call, so a tensor resized in place since still gets a clear error, not a wrong
+read. A kept call holds references to the tensors of its key (so that their ``id`` stays
+theirs); an adjacency keeps at most ``MAX_KEPT`` calls.
+"""
+from __future__ import annotations
+
+import torch
+import torch.autograd.forward_ad
+
+from .autotune import in_captured_step
+from .capture_holds import collecting_holds
+from .config import settings
+from .eager import plain_eager
+
+MAX_KEPT = 32  # per adjacency: a few layers x widths x grad modes; dropped all at once beyond
+
+
+def key_of(adj, x: torch.Tensor, row_scale, col_scale, diag, bias, width) -> tuple:
+    """What a call's decisions depend on, besides the context :func:`find` checks."""
+    grad = torch.is_grad_enabled()
+    values = adj.values
+    return (x.dtype, x.shape, x.device, grad and x.requires_grad, id(row_scale), id(col_scale),
+            id(diag) if isinstance(diag, torch.Tensor) else diag,
+            None if bias is None else (id(bias), bias.dtype, grad and bias.requires_grad), width,
+            None if values is None else values._version,
+            settings.cusparse, settings.block_adaptive, settings.skip_zero_rows)
+
+
+def find(adj, x, row_scale, col_scale, diag, bias, width):
+    """The call kept for these arguments, or ``None`` (then the caller takes the full path)."""
+    calls = getattr(adj, "_calls", None)  # before the caller's checks: adj may be anything
+    if not calls or not context_allows(x):
+        return None
+    prepared = calls.get(key_of(adj, x, row_scale, col_scale, diag, bias, width))
+    # the key holds ids, and the kept call the objects, so equal ids are the same objects; a float
+    # diagonal could only collide with an id
+    if prepared is None or type(prepared.sources[2]) is not type(diag) or _need_grads(adj.values, row_scale,
+                                                                                        col_scale, diag):
+        return None
+    return prepared
+
+
+def keep(adj, x, row_scale, col_scale, diag, bias, width, prepared, checked: tuple) -> None:
+    """Keeps ``prepared`` (a ``PreparedCall`` with empty ``sources``) for calls like this one
+    where that is safe (see the module doc); ``checked``: the scales, diagonal and bias as the
+    checks returned them."""
+    sources = (row_scale, col_scale, diag, bias)
+    if not context_allows(x) or any(a is not b for a, b in zip(sources, checked) if isinstance(a, torch.Tensor)):
+        return  # a cast or a float diagonal made a tensor per call: nothing fixed to key on
+    values = adj.values
+    if values is not None and values.is_inference():
+        return  # no version to key on
+    if _need_grads(values, row_scale, col_scale, diag):
+        return
+    calls = adj._calls
+    if len(calls) >= MAX_KEPT:
+        calls.clear()
+    calls[key_of(adj, x, row_scale, col_scale, diag, bias, width)] = prepared._replace(sources=sources)
+
+
+def context_allows(x: torch.Tensor) -> bool:
+    """Whether this call's context lets a call be kept or reused (see the module doc)."""
+    return (plain_eager(x) and not torch._C._is_any_autocast_enabled()
+            and torch.autograd.forward_ad._current_level < 0 and not in_captured_step() and not collecting_holds()
+            and not (x.is_cuda and torch.cuda.is_current_stream_capturing()))
+
+
+def _need_grads(values, row_scale, col_scale, diag) -> bool:
+    """Whether the edge values, scales or diagonal need a gradient: such calls take the full path."""
+    return ((values is not None and values.requires_grad) or (row_scale is not None and row_scale.requires_grad)
+            or (col_scale is not None and col_scale.requires_grad)
+            or (isinstance(diag, torch.Tensor) and diag.requires_grad))

@@ -1,0 +1,168 @@
+"""fgplugin.repeated_calls: a repeated fgplugin.spmm call reuses its decided call, and anything that
+would change a decision (or the result) takes the full path again; results against float64."""
+import pytest
+import torch
+
+import fgplugin
+from fgplugin import repeated_calls
+from fgplugin.config import settings
+from fgplugin.testing import dense_spmm, graph_cases, random_graph_case, rel_error
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _case(device, weighted=False, seed=3):
+    case = random_graph_case(seed, n_src=40)
+    adj = case.adjacency().to(device)
+    if weighted:
+        adj = adj.with_values(torch.rand(case.edge_index.shape[1], device=device) + 0.5)
+    return case, adj
+
+
+def _dense(adj):
+    dense = torch.zeros(adj.shape, dtype=torch.float64)
+    rows = torch.repeat_interleave(torch.arange(adj.shape[0]), torch.diff(adj.rowptr.cpu()).long())
+    values = torch.ones(adj.nnz, dtype=torch.float64) if adj.values is None else adj.values.detach().cpu().double()
+    return dense.index_put_((rows, adj.col.cpu().long()), values, accumulate=True)
+
+
+def _reference(adj, x, r, c, d, bias=None, width=None):
+    cpu = lambda t: None if t is None else t.detach().cpu().double()  # noqa: E731
+    out = dense_spmm(_dense(adj), cpu(x), cpu(r), cpu(c), cpu(d))
+    out = out if width is None else out[:, :width]
+    return out if bias is None else out + cpu(bias)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_repeated_call_reuses_its_decisions_and_matches_float64(device, grad):
+    _, adj = _case(device)
+    r, c, d = adj.norm("gcn", dtype=torch.float32)
+    bias = torch.randn(5, device=device, requires_grad=grad)
+    first = None
+    for step in range(3):
+        x = torch.randn(adj.shape[1], 7, device=device, requires_grad=grad)
+        found = repeated_calls.find(adj, x, r, c, d, bias, 5)
+        assert (found is None) == (step == 0)  # the first call decides, the others reuse
+        out = fgplugin.spmm(adj, x, r, c, d, bias=bias, width=5)
+        assert out.shape == (adj.shape[0], 5) and rel_error(out, _reference(adj, x, r, c, d, bias, 5)) <= 1e-5
+        assert out.requires_grad == grad
+        if grad:
+            g = torch.randn_like(out)
+            out.backward(g)
+            ref_x = dense_spmm(_dense(adj).t(), g.cpu().double(), c.cpu(), r.cpu(), d.cpu())
+            assert rel_error(x.grad[:, :5], ref_x) <= 1e-5 and x.grad[:, 5:].abs().max() == 0
+            assert rel_error(bias.grad, g.sum(0)) <= 1e-5
+            bias.grad = None
+        first = first or found
+    assert len(adj._calls) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_write_to_the_edge_values_is_seen(device):
+    _, adj = _case(device, weighted=True)
+    x = torch.randn(adj.shape[1], 4, device=device)
+    for _ in range(2):
+        fgplugin.spmm(adj, x)
+    with torch.no_grad():
+        adj.values.mul_(3.0)
+    assert repeated_calls.find(adj, x, None, None, None, None, None) is None  # its version moved
+    assert rel_error(fgplugin.spmm(adj, x), _reference(adj, x, None, None, None)) <= 1e-5
+
+
+def test_scales_or_values_that_need_a_gradient_get_it():
+    """A kept call's scale later asked for a gradient, or its edge values, takes the full path:
+    the gradient arrives and matches float64."""
+    _, adj = _case("cpu", weighted=True)
+    r, c, d = (t.clone() for t in adj.norm("gcn", dtype=torch.float32))
+    x = torch.randn(adj.shape[1], 3, requires_grad=True)
+    for _ in range(2):
+        fgplugin.spmm(adj, x, r, c, d)
+    r.requires_grad_()
+    out = fgplugin.spmm(adj, x, r, c, d)
+    g = torch.randn_like(out)
+    out.backward(g)
+    u = dense_spmm(_dense(adj), x.detach().double(), None, c, d)  # the product before the row scale
+    assert r.grad is not None and rel_error(r.grad, (g.double() * u).sum(1)) <= 1e-5
+    r.requires_grad_(False)
+    adj.values.requires_grad_()
+    out = fgplugin.spmm(adj, x, r, c, d)
+    out.backward(g)
+    assert adj.values.grad is not None and adj.values.grad.abs().sum() > 0
+
+
+def test_switches_and_grad_mode_are_part_of_the_key(monkeypatch):
+    _, adj = _case("cpu")
+    r, c, d = adj.norm("gcn", dtype=torch.float32)
+    x = torch.randn(adj.shape[1], 6, requires_grad=True)
+    fgplugin.spmm(adj, x, r, c, d)
+    with torch.no_grad():
+        assert repeated_calls.find(adj, x, r, c, d, None, None) is None
+        out = fgplugin.spmm(adj, x, r, c, d)
+    assert out.grad_fn is None
+    monkeypatch.setattr(settings, "block_adaptive", not settings.block_adaptive)
+    assert repeated_calls.find(adj, x, r, c, d, None, None) is None
+    assert fgplugin.spmm(adj, x, r, c, d).grad_fn is not None
+
+
+def test_a_float_diagonal_is_keyed_by_its_value():
+    _, adj = _case("cpu")
+    x = torch.randn(adj.shape[1], 3)
+    for value in (1.0, 1.0, 2.5, 2.5, 1.0):
+        out = fgplugin.spmm(adj, x, diag=value)
+        ref = _reference(adj, x, None, None, torch.full((adj.shape[0],), value))
+        assert rel_error(out, ref) <= 1e-5
+
+
+def test_contexts_that_need_the_dispatcher_take_the_full_path():
+    """Under a dispatch mode and autocast nothing kept is used, and calls made there keep nothing."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "fgplugin" in str(func):
+                Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    _, adj = _case("cpu")
+    x = torch.randn(adj.shape[1], 4)
+    fgplugin.spmm(adj, x)
+    kept = dict(adj._calls)
+    with Count():
+        fgplugin.spmm(adj, x)
+    assert Count.ops == 1  # the op went through the dispatcher, where the mode saw it
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fgplugin.spmm(adj, x).dtype == torch.bfloat16
+    assert adj._calls == kept
+
+
+def test_the_kept_calls_are_bounded():
+    _, adj = _case("cpu")
+    for width in range(1, repeated_calls.MAX_KEPT + 5):
+        fgplugin.spmm(adj, torch.randn(adj.shape[1], width))
+    assert 0 < len(adj._calls) <= repeated_calls.MAX_KEPT
+
+
+def test_a_bias_resized_in_place_is_a_clear_error():
+    """The op's own checks run on every call: a kept call's bias whose data was swapped for
+    another shape is refused by name, not read out of bounds."""
+    _, adj = _case("cpu")
+    x = torch.randn(adj.shape[1], 4)
+    bias = torch.nn.Parameter(torch.zeros(4))
+    for _ in range(2):
+        fgplugin.spmm(adj, x, bias=bias)
+    bias.data = torch.zeros(9)
+    with pytest.raises(RuntimeError, match="bias"):
+        fgplugin.spmm(adj, x, bias=bias)
+
+
+@pytest.mark.parametrize("case", graph_cases(), ids=lambda c: c.name)
+def test_repeated_calls_on_the_case_registry(case):
+    adj = case.adjacency()
+    r, c, d = (None, None, None) if not case.is_square else adj.norm("gcn")
+    x = torch.randn(case.shape[1], 5, dtype=torch.float64)
+    outs = [fgplugin.spmm(adj, x, r, c, d) for _ in range(3)]
+    ref = dense_spmm(case.dense(), x, r, c, d)
+    assert all(rel_error(out, ref) <= 1e-12 for out in outs)
