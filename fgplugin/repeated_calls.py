@@ -80,7 +80,12 @@ def context_allows(x: torch.Tensor) -> bool:
     """Whether this call's context lets a call be kept or reused (see the module doc)."""
     return (plain_eager(x) and not torch._C._is_any_autocast_enabled()
             and torch.autograd.forward_ad._current_level < 0 and not in_captured_step() and not collecting_holds()
-            and not (x.is_cuda and torch.cuda.is_current_stream_capturing()))
+            and not (x.is_cuda and _stream_capturing()))
+
+
+# torch.cuda.is_current_stream_capturing less its Python wrapper (a CUDA build's; x.is_cuda never
+# holds on another)
+_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
 
 
 def _need_grads(values, row_scale, col_scale, diag) -> bool:
