@@ -18,7 +18,7 @@ and the checks changed none of the given tensors (no cast). Everything else take
 every time. What the op's C++ side checks (shapes, dtypes, devices of every tensor it gets) it
 checks on every call, so a tensor resized in place since still gets a clear error, not a wrong
 read. A kept call holds references to the tensors of its key (so that their ``id`` stays
-theirs); an adjacency keeps at most ``MAX_KEPT`` calls.
+theirs); an adjacency keeps at most ``MAX_KEPT`` calls, all for its edge values' current version.
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ MAX_KEPT = 32  # per adjacency: a few layers x widths x grad modes; dropped all 
 
 
 def key_of(adj, x: torch.Tensor, row_scale, col_scale, diag, bias, width) -> tuple:
-    """What a call's decisions depend on, besides the context :func:`find` checks."""
+    """What a call's decisions depend on, besides the context :func:`find` checks (the edge
+    values' version at ``_VERSION_AT``)."""
     grad = torch.is_grad_enabled()
     values = adj.values
     return (x.dtype, x.shape, x.device, grad and x.requires_grad, id(row_scale), id(col_scale),
@@ -42,6 +43,9 @@ def key_of(adj, x: torch.Tensor, row_scale, col_scale, diag, bias, width) -> tup
             None if bias is None else (id(bias), bias.dtype, grad and bias.requires_grad), width,
             None if values is None else values._version,
             settings.cusparse, settings.block_adaptive, settings.skip_zero_rows)
+
+
+_VERSION_AT = 9
 
 
 def find(adj, x, row_scale, col_scale, diag, bias, width):
@@ -71,9 +75,11 @@ def keep(adj, x, row_scale, col_scale, diag, bias, width, prepared, checked: tup
     if _need_grads(values, row_scale, col_scale, diag):
         return
     calls = adj._calls
-    if len(calls) >= MAX_KEPT:
+    key = key_of(adj, x, row_scale, col_scale, diag, bias, width)
+    if len(calls) >= MAX_KEPT or any(k[_VERSION_AT] != key[_VERSION_AT] for k in calls):
+        # calls kept for earlier edge values never match again, and may hold a copy of them (a cast)
         calls.clear()
-    calls[key_of(adj, x, row_scale, col_scale, diag, bias, width)] = prepared._replace(sources=sources)
+    calls[key] = prepared._replace(sources=sources)
 
 
 def context_allows(x: torch.Tensor) -> bool:

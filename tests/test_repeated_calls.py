@@ -68,6 +68,7 @@ def test_a_write_to_the_edge_values_is_seen(device):
         adj.values.mul_(3.0)
     assert repeated_calls.find(adj, x, None, None, None, None, None) is None  # its version moved
     assert rel_error(fgplugin.spmm(adj, x), _reference(adj, x, None, None, None)) <= 1e-5
+    assert len(adj._calls) == 1  # the call kept for the old values is gone (it held their cast)
 
 
 def test_scales_or_values_that_need_a_gradient_get_it():
