@@ -1,5 +1,7 @@
 """fgplugin.repeated_calls: a repeated fgplugin.spmm call reuses its decided call, and anything that
 would change a decision (or the result) takes the full path again; results against float64."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,23 +14,16 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _case(device, weighted=False, seed=3):
+    """A graph case (weighted: edge weights in [0.5, 1.5)) and its adjacency on ``device``."""
     case = random_graph_case(seed, n_src=40)
-    adj = case.adjacency().to(device)
     if weighted:
-        adj = adj.with_values(torch.rand(case.edge_index.shape[1], device=device) + 0.5)
-    return case, adj
+        case = dataclasses.replace(case, edge_weight=torch.rand(case.edge_index.shape[1]) + 0.5)
+    return case, case.adjacency().to(device)
 
 
-def _dense(adj):
-    dense = torch.zeros(adj.shape, dtype=torch.float64)
-    rows = torch.repeat_interleave(torch.arange(adj.shape[0]), torch.diff(adj.rowptr.cpu()).long())
-    values = torch.ones(adj.nnz, dtype=torch.float64) if adj.values is None else adj.values.detach().cpu().double()
-    return dense.index_put_((rows, adj.col.cpu().long()), values, accumulate=True)
-
-
-def _reference(adj, x, r, c, d, bias=None, width=None):
+def _reference(dense, x, r, c, d, bias=None, width=None):
     cpu = lambda t: None if t is None else t.detach().cpu().double()  # noqa: E731
-    out = dense_spmm(_dense(adj), cpu(x), cpu(r), cpu(c), cpu(d))
+    out = dense_spmm(dense, cpu(x), cpu(r), cpu(c), cpu(d))
     out = out if width is None else out[:, :width]
     return out if bias is None else out + cpu(bias)
 
@@ -36,45 +31,43 @@ def _reference(adj, x, r, c, d, bias=None, width=None):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("grad", [False, True])
 def test_a_repeated_call_reuses_its_decisions_and_matches_float64(device, grad):
-    _, adj = _case(device)
+    case, adj = _case(device)
     r, c, d = adj.norm("gcn", dtype=torch.float32)
     bias = torch.randn(5, device=device, requires_grad=grad)
-    first = None
     for step in range(3):
         x = torch.randn(adj.shape[1], 7, device=device, requires_grad=grad)
         found = repeated_calls.find(adj, x, r, c, d, bias, 5)
         assert (found is None) == (step == 0)  # the first call decides, the others reuse
         out = fgplugin.spmm(adj, x, r, c, d, bias=bias, width=5)
-        assert out.shape == (adj.shape[0], 5) and rel_error(out, _reference(adj, x, r, c, d, bias, 5)) <= 1e-5
+        assert out.shape == (adj.shape[0], 5) and rel_error(out, _reference(case.dense(), x, r, c, d, bias, 5)) <= 1e-5
         assert out.requires_grad == grad
         if grad:
             g = torch.randn_like(out)
             out.backward(g)
-            ref_x = dense_spmm(_dense(adj).t(), g.cpu().double(), c.cpu(), r.cpu(), d.cpu())
+            ref_x = dense_spmm(case.dense().t(), g.cpu().double(), c.cpu(), r.cpu(), d.cpu())
             assert rel_error(x.grad[:, :5], ref_x) <= 1e-5 and x.grad[:, 5:].abs().max() == 0
             assert rel_error(bias.grad, g.sum(0)) <= 1e-5
             bias.grad = None
-        first = first or found
     assert len(adj._calls) == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_write_to_the_edge_values_is_seen(device):
-    _, adj = _case(device, weighted=True)
+    case, adj = _case(device, weighted=True)
     x = torch.randn(adj.shape[1], 4, device=device)
     for _ in range(2):
         fgplugin.spmm(adj, x)
     with torch.no_grad():
         adj.values.mul_(3.0)
     assert repeated_calls.find(adj, x, None, None, None, None, None) is None  # its version moved
-    assert rel_error(fgplugin.spmm(adj, x), _reference(adj, x, None, None, None)) <= 1e-5
+    assert rel_error(fgplugin.spmm(adj, x), _reference(3.0 * case.dense(), x, None, None, None)) <= 1e-5
     assert len(adj._calls) == 1  # the call kept for the old values is gone (it held their cast)
 
 
 def test_scales_or_values_that_need_a_gradient_get_it():
     """A kept call's scale later asked for a gradient, or its edge values, takes the full path:
     the gradient arrives and matches float64."""
-    _, adj = _case("cpu", weighted=True)
+    case, adj = _case("cpu", weighted=True)
     r, c, d = (t.clone() for t in adj.norm("gcn", dtype=torch.float32))
     x = torch.randn(adj.shape[1], 3, requires_grad=True)
     for _ in range(2):
@@ -83,7 +76,7 @@ def test_scales_or_values_that_need_a_gradient_get_it():
     out = fgplugin.spmm(adj, x, r, c, d)
     g = torch.randn_like(out)
     out.backward(g)
-    u = dense_spmm(_dense(adj), x.detach().double(), None, c, d)  # the product before the row scale
+    u = dense_spmm(case.dense(), x.detach().double(), None, c, d)  # the product before the row scale
     assert r.grad is not None and rel_error(r.grad, (g.double() * u).sum(1)) <= 1e-5
     r.requires_grad_(False)
     adj.values.requires_grad_()
@@ -107,11 +100,11 @@ def test_switches_and_grad_mode_are_part_of_the_key(monkeypatch):
 
 
 def test_a_float_diagonal_is_keyed_by_its_value():
-    _, adj = _case("cpu")
+    case, adj = _case("cpu")
     x = torch.randn(adj.shape[1], 3)
     for value in (1.0, 1.0, 2.5, 2.5, 1.0):
         out = fgplugin.spmm(adj, x, diag=value)
-        ref = _reference(adj, x, None, None, torch.full((adj.shape[0],), value))
+        ref = _reference(case.dense(), x, None, None, torch.full((adj.shape[0],), value))
         assert rel_error(out, ref) <= 1e-5
 
 
