@@ -141,10 +141,9 @@ def refuse_forward_ad(args) -> None:
     forward-mode derivative, and a silently zero tangent would be a wrong answer."""
     if torch.autograd.forward_ad._current_level < 0:
         return
-    interpreter = torch._C._functorch.peek_interpreter_stack()
-    if (interpreter is not None and interpreter.key() == torch._C._functorch.TransformType.Jvp) or any(
-            isinstance(t, torch.Tensor) and torch.autograd.forward_ad.unpack_dual(t).tangent is not None
-            for t in args):
+    # torch.func.jvp's tangents show here too (on its wrapped arguments)
+    if any(isinstance(t, torch.Tensor) and torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+           for t in args):
         raise NotImplementedError("fgplugin's products have no forward-mode derivative (torch.autograd.forward_ad, "
                                   "torch.func.jvp / jacfwd); differentiate in reverse mode (loss.backward(), "
                                   "torch.autograd.grad)")
@@ -202,21 +201,23 @@ _MAKE_OP_ARGS = OpArgs._make  # from a sequence of all 16, without NamedTuple's 
 
 class PreparedCall(NamedTuple):
     """A :func:`spmm` call as its checks decided it (fgplugin.repeated_calls keeps it): the op's
-    arguments are ``(*head, x, *middle, bias, width)``, ``x`` padded by ``pad`` zero columns, run
-    by ``route`` (:func:`eager_route`). ``sources``: the scales, diagonal and bias as the caller
-    passed them, whose ids key it."""
+    arguments are ``(*head, x, row_scale, col_scale, diag, *tail, bias, width)``, ``x`` padded by
+    ``pad`` zero columns, run by ``route`` (:func:`eager_route`); the scales, diagonal and bias
+    come with each call (checked ones, or a float ``diag``)."""
 
     head: tuple
-    middle: tuple
+    tail: tuple
     width: int
     pad: int
     route: object
-    sources: tuple = ()
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, adj: TiledAdjacency, x: torch.Tensor, row_scale, col_scale, diag, bias) -> torch.Tensor:
+        if diag is not None and not isinstance(diag, torch.Tensor):
+            diag = _diag_vector(adj, diag, aux_dtype_for(x.dtype))
         if self.pad:
             x = torch.nn.functional.pad(x, (0, self.pad))
-        return run_spmm(_MAKE_OP_ARGS((*self.head, x, *self.middle, bias, self.width)), True, self.route)
+        args = (*self.head, x, row_scale, col_scale, diag, *self.tail, bias, self.width)
+        return run_spmm(_MAKE_OP_ARGS(args), True, self.route)
 
 
 def run_spmm(args: OpArgs, needs_grad: bool | None = None, route=None) -> torch.Tensor:
@@ -426,7 +427,7 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     """
     prepared = repeated_calls.find(adj, x, row_scale, col_scale, diag, bias, width)
     if prepared is not None:  # a call like an earlier one: its checks and choices hold (fgplugin.repeated_calls)
-        return prepared(x, bias)
+        return prepared(adj, x, row_scale, col_scale, diag, bias)
     # The forward product needs the transpose only for a backward pass.
     with_transpose = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (x, adj.values, row_scale, col_scale, diag))
@@ -443,9 +444,9 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     args, needs_grad = _product_args(adj, x, *checked, with_transpose, checked_bias, checked_width)
     if not repeated_calls.context_allows(x):
         return args.call(needs_grad)
-    prepared = PreparedCall(args[:3], args[4:14], args.width, args.x.shape[1] - x.shape[1], eager_route(args, needs_grad))
+    prepared = PreparedCall(args[:3], args[7:14], args.width, args.x.shape[1] - x.shape[1], eager_route(args, needs_grad))
     repeated_calls.keep(adj, x, row_scale, col_scale, diag, bias, width, prepared, (*checked, checked_bias))
-    return prepared(x, checked_bias)
+    return prepared(adj, x, *checked, checked_bias)
 
 
 def checked_product(adj: TiledAdjacency, x: torch.Tensor, row_scale, col_scale, diag,
@@ -588,10 +589,15 @@ def checked_inputs(adj, x, row_scale, col_scale, diag, name: str, adjoint: bool 
                          f"move it with adj.to({str(x.device)!r})")
     aux = aux_dtype_for(x.dtype)
     if isinstance(diag, (int, float)):
-        diag = None if diag == 0 else adj.constant_diag(float(diag), aux)
+        diag = _diag_vector(adj, diag, aux)
     return (_as_aux(row_scale, "row_scale", n_rows, aux, x.device),
             _as_aux(col_scale, "col_scale", n_cols, aux, x.device),
             _as_aux(diag, "diag", min(n_rows, n_cols), aux, x.device))
+
+
+def _diag_vector(adj, diag: float, aux: torch.dtype) -> torch.Tensor | None:
+    """A float self-loop weight as the op takes it: a (kept) vector, or ``None`` for 0."""
+    return None if diag == 0 else adj.constant_diag(float(diag), aux)
 
 
 def _op_args_of_checked(adj, x, row_scale, col_scale, diag, transpose: bool) -> tuple[OpArgs, int]:

@@ -17,10 +17,13 @@ capture or captured-step warm-up active; their edge values, scales and diagonal 
 and the checks changed none of the given tensors (no cast). Everything else takes the full path,
 every time. What the op's C++ side checks (shapes, dtypes, devices of every tensor it gets) it
 checks on every call, so a tensor resized in place since still gets a clear error, not a wrong
-read. A kept call holds references to the tensors of its key (so that their ``id`` stays
-theirs); an adjacency keeps at most ``MAX_KEPT`` calls, all for its edge values' current version.
+read. A kept call holds only weak references to the caller's tensors of its key (scales,
+diagonal, bias: the call passes them itself), so scales made anew every step are freed as
+before; an adjacency keeps at most ``MAX_KEPT`` calls, all for its edge values' current version.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.autograd.forward_ad
@@ -35,11 +38,13 @@ MAX_KEPT = 32  # per adjacency: a few layers x widths x grad modes; dropped all 
 
 def key_of(adj, x: torch.Tensor, row_scale, col_scale, diag, bias, width) -> tuple:
     """What a call's decisions depend on, besides the context :func:`find` checks (the edge
-    values' version at ``_VERSION_AT``)."""
+    values' version at ``_VERSION_AT``). Tensors by id and dtype; a float ``diag`` by value."""
     grad = torch.is_grad_enabled()
     values = adj.values
-    return (x.dtype, x.shape, x.device, grad and x.requires_grad, id(row_scale), id(col_scale),
-            id(diag) if isinstance(diag, torch.Tensor) else diag,
+    return (x.dtype, x.shape, x.device, grad and x.requires_grad,
+            None if row_scale is None else (id(row_scale), row_scale.dtype),
+            None if col_scale is None else (id(col_scale), col_scale.dtype),
+            (id(diag), diag.dtype) if isinstance(diag, torch.Tensor) else diag,
             None if bias is None else (id(bias), bias.dtype, grad and bias.requires_grad), width,
             None if values is None else values._version,
             settings.cusparse, settings.block_adaptive, settings.skip_zero_rows)
@@ -50,25 +55,31 @@ _VERSION_AT = 9
 
 def find(adj, x, row_scale, col_scale, diag, bias, width):
     """The call kept for these arguments, or ``None`` (then the caller takes the full path)."""
+    if torch.compiler.is_compiling():  # first: a traced read of the kept calls would be guarded on
+        return None
     calls = getattr(adj, "_calls", None)  # before the caller's checks: adj may be anything
     if not calls or not context_allows(x):
         return None
-    prepared = calls.get(key_of(adj, x, row_scale, col_scale, diag, bias, width))
-    # the key holds ids, and the kept call the objects, so equal ids are the same objects; a float
-    # diagonal could only collide with an id
-    if prepared is None or type(prepared.sources[2]) is not type(diag) or _need_grads(adj.values, row_scale,
-                                                                                        col_scale, diag):
+    kept = calls.get(key_of(adj, x, row_scale, col_scale, diag, bias, width))
+    if kept is None:
+        return None
+    prepared, refs = kept
+    # equal ids are the same objects only while the kept ones live (weak references, so that a
+    # kept call holds none of the caller's tensors)
+    r, c, d, b = refs
+    if ((r is not None and r() is not row_scale) or (c is not None and c() is not col_scale)
+            or (d is not None and d() is not diag) or (b is not None and b() is not bias)
+            or _need_grads(adj.values, row_scale, col_scale, diag)):
         return None
     return prepared
 
 
 def keep(adj, x, row_scale, col_scale, diag, bias, width, prepared, checked: tuple) -> None:
-    """Keeps ``prepared`` (a ``PreparedCall`` with empty ``sources``) for calls like this one
-    where that is safe (see the module doc); ``checked``: the scales, diagonal and bias as the
-    checks returned them."""
+    """Keeps ``prepared`` (a ``PreparedCall``) for calls like this one where that is safe (see
+    the module doc); ``checked``: the scales, diagonal and bias as the checks returned them."""
     sources = (row_scale, col_scale, diag, bias)
     if not context_allows(x) or any(a is not b for a, b in zip(sources, checked) if isinstance(a, torch.Tensor)):
-        return  # a cast or a float diagonal made a tensor per call: nothing fixed to key on
+        return  # a cast made a tensor of its own: the call would have to cast again
     values = adj.values
     if values is not None and values.is_inference():
         return  # no version to key on
@@ -79,7 +90,7 @@ def keep(adj, x, row_scale, col_scale, diag, bias, width, prepared, checked: tup
     if len(calls) >= MAX_KEPT or any(k[_VERSION_AT] != key[_VERSION_AT] for k in calls):
         # calls kept for earlier edge values never match again, and may hold a copy of them (a cast)
         calls.clear()
-    calls[key] = prepared._replace(sources=sources)
+    calls[key] = prepared, tuple(weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in sources)
 
 
 def context_allows(x: torch.Tensor) -> bool:

@@ -160,3 +160,65 @@ def test_repeated_calls_on_the_case_registry(case):
     outs = [fgplugin.spmm(adj, x, r, c, d) for _ in range(3)]
     ref = dense_spmm(case.dense(), x, r, c, d)
     assert all(rel_error(out, ref) <= 1e-12 for out in outs)
+
+
+def test_scales_made_anew_every_step_are_freed():
+    """A kept call holds none of the caller's tensors: per-step scales and the vectors of float
+    diagonals that change every step (GIN's 1 + eps) go as they would without it."""
+    import gc
+    import weakref
+
+    _, adj = _case("cpu")
+    deg = torch.rand(adj.shape[0]) + 1.0
+    x = torch.randn(adj.shape[1], 3, requires_grad=True)
+    refs = []
+    for _ in range(6):
+        dinv = deg.pow(-0.5)
+        fgplugin.spmm(adj, x, dinv, dinv).sum().backward()
+        refs.append(weakref.ref(dinv))
+        del dinv
+    first = adj.constant_diag(1.0, torch.float32)
+    first_ref = weakref.ref(first)
+    del first
+    for step in range(12):
+        fgplugin.spmm(adj, x, diag=1.0 + 0.01 * step).sum().backward()
+    gc.collect()
+    assert all(ref() is None for ref in refs) and first_ref() is None
+
+
+def test_a_scale_whose_dtype_changed_is_cast_again():
+    case, adj = _case("cpu")
+    r, c, d = (t.clone() for t in adj.norm("gcn", dtype=torch.float32))
+    x = torch.randn(adj.shape[1], 4)
+    for _ in range(2):
+        fgplugin.spmm(adj, x, r, c, d)
+    r.data = (r.data * 2).double()
+    assert rel_error(fgplugin.spmm(adj, x, r, c, d), _reference(case.dense(), x, r, c, d)) <= 1e-5
+
+
+def test_kept_calls_do_not_recompile_a_compiled_caller():
+    """torch.compile traces past the kept calls: calls kept later in eager mode (other widths) do
+    not invalidate the compiled graph (a guard on them hit the recompile limit under fullgraph)."""
+    case, adj = _case("cpu")
+    x = torch.randn(adj.shape[1], 4)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    f = torch.compile(lambda a, t: fgplugin.spmm(a, t), fullgraph=True, backend=backend)
+    for width in range(5, 16):
+        fgplugin.spmm(adj, torch.randn(adj.shape[1], width))
+        assert rel_error(f(adj, x), _reference(case.dense(), x, None, None, None)) <= 1e-5
+    assert len(graphs) == 1
+
+
+def test_forward_mode_ad_over_constants_still_works():
+    """Only a tangent that reaches the product is refused: a product of constants inside
+    torch.func.jvp is a constant."""
+    _, adj = _case("cpu")
+    x = torch.randn(adj.shape[1], 4)
+    w = torch.randn(4)
+    out, tangent = torch.func.jvp(lambda v: fgplugin.spmm(adj, x) * v, (w,), (torch.ones(4),))
+    assert torch.allclose(tangent, fgplugin.spmm(adj, x)) and torch.allclose(out, fgplugin.spmm(adj, x) * w)
