@@ -8,9 +8,10 @@ and autograd node included, takes 9 us. Those depend only on what a training loo
 unchanged from one step to the next: the adjacency, the scale and bias tensors (by identity), x's
 dtype, shape and device, whether a gradient is wanted, the switches of fgplugin.config and the
 edge values' version. So :func:`fgplugin.spmm` keeps, per adjacency and per such key, the
-decided call (``fgplugin.ops.PreparedCall``: the op's arguments but ``x`` and the bias, the
-columns to pad ``x`` with, and how to run the op), and a later call with the same key runs it at
-once.
+decided call (``fgplugin.ops.PreparedCall``: the op's arguments but ``x``, the scales, diagonal
+and bias, the columns to pad ``x`` with, and how to run the op), and a later call with the same
+key runs it at once. Module constants that steer a decision (the work floors of the zero-row
+skipping and of the padding) count when a call is first decided.
 
 Only calls in plain eager mode are kept or reused, with no autocast, forward-mode AD, CUDA graph
 capture or captured-step warm-up active; their edge values, scales and diagonal need no gradient,
