@@ -59,7 +59,7 @@ def find(adj, x, row_scale, col_scale, diag, bias, width):
     if torch.compiler.is_compiling():  # first: a traced read of the kept calls would be guarded on
         return None
     calls = getattr(adj, "_calls", None)  # before the caller's checks: adj may be anything
-    if not calls or not context_allows(x):
+    if not calls or not context_allows(x) or not _keyable(row_scale, col_scale, diag, bias):
         return None
     kept = calls.get(key_of(adj, x, row_scale, col_scale, diag, bias, width))
     if kept is None:
@@ -92,6 +92,15 @@ def keep(adj, x, row_scale, col_scale, diag, bias, width, prepared, checked: tup
         # calls kept for earlier edge values never match again, and may hold a copy of them (a cast)
         calls.clear()
     calls[key] = prepared, tuple(weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in sources)
+
+
+def _keyable(row_scale, col_scale, diag, bias) -> bool:
+    """Whether the arguments are of the kinds a kept call was checked with (tensors or ``None``, a
+    plain number for ``diag``): anything else takes the full path and gets its checks' error."""
+    tensor = torch.Tensor
+    return ((row_scale is None or isinstance(row_scale, tensor)) and (col_scale is None or isinstance(col_scale, tensor))
+            and (bias is None or isinstance(bias, tensor))
+            and (diag is None or type(diag) in (float, int, bool) or isinstance(diag, tensor)))
 
 
 def context_allows(x: torch.Tensor) -> bool:

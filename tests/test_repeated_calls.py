@@ -222,3 +222,27 @@ def test_forward_mode_ad_over_constants_still_works():
     w = torch.randn(4)
     out, tangent = torch.func.jvp(lambda v: fgplugin.spmm(adj, x) * v, (w,), (torch.ones(4),))
     assert torch.allclose(tangent, fgplugin.spmm(adj, x)) and torch.allclose(out, fgplugin.spmm(adj, x) * w)
+
+
+@pytest.mark.parametrize("bad", [dict(row_scale=2.0), dict(row_scale=[1.0] * 40), dict(diag=[0.5] * 40),
+                                 dict(bias=1.0), dict(diag=0.5 + 0j)], ids=str)
+def test_bad_arguments_get_the_checks_error_once_calls_are_kept(bad):
+    """An adjacency with kept calls (one with a float diagonal among them) still refuses bad scales,
+    diagonals and biases with the full path's clear error."""
+    _, adj = _case("cpu")
+    x = torch.randn(adj.shape[1], 4)
+    for _ in range(2):
+        fgplugin.spmm(adj, x)
+        fgplugin.spmm(adj, x, diag=0.5)
+    with pytest.raises((ValueError, TypeError), match="row_scale|diag|bias"):
+        fgplugin.spmm(adj, x, **bad)
+
+
+def test_a_numpy_diagonal_is_refused_as_before():
+    np = pytest.importorskip("numpy")
+    _, adj = _case("cpu")
+    x = torch.randn(adj.shape[1], 4)
+    for _ in range(2):
+        fgplugin.spmm(adj, x, diag=0.5)
+    with pytest.raises(ValueError, match="diag"):
+        fgplugin.spmm(adj, x, diag=np.float32(0.5))
