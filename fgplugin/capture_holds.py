@@ -40,7 +40,12 @@ def hold(obj):
 def capturing(t) -> bool:
     """Whether ``t`` is a CUDA tensor and the current stream is capturing a CUDA graph (where a
     host sync, e.g. a check or a timing, would fail the capture)."""
-    return isinstance(t, torch.Tensor) and t.is_cuda and torch.cuda.is_current_stream_capturing()
+    return isinstance(t, torch.Tensor) and t.is_cuda and _stream_capturing()
+
+
+# torch.cuda.is_current_stream_capturing less its Python wrapper (asked on every kept spmm call,
+# fgplugin.repeated_calls); a CUDA build's, and t.is_cuda never holds on another
+_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
 
 
 def collecting_holds() -> bool:

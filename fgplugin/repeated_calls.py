@@ -30,7 +30,7 @@ import torch
 import torch.autograd.forward_ad
 
 from .autotune import in_captured_step
-from .capture_holds import collecting_holds
+from .capture_holds import capturing, collecting_holds
 from .config import settings
 from .eager import plain_eager
 
@@ -77,9 +77,10 @@ def find(adj, x, row_scale, col_scale, diag, bias, width):
 
 def keep(adj, x, row_scale, col_scale, diag, bias, width, prepared, checked: tuple) -> None:
     """Keeps ``prepared`` (a ``PreparedCall``) for calls like this one where that is safe (see
-    the module doc); ``checked``: the scales, diagonal and bias as the checks returned them."""
+    the module doc), for a call whose context :func:`context_allows`; ``checked``: the scales,
+    diagonal and bias as the checks returned them."""
     sources = (row_scale, col_scale, diag, bias)
-    if not context_allows(x) or any(a is not b for a, b in zip(sources, checked) if isinstance(a, torch.Tensor)):
+    if any(a is not b for a, b in zip(sources, checked) if isinstance(a, torch.Tensor)):
         return  # a cast made a tensor of its own: the call would have to cast again
     values = adj.values
     if values is not None and values.is_inference():
@@ -107,12 +108,7 @@ def context_allows(x: torch.Tensor) -> bool:
     """Whether this call's context lets a call be kept or reused (see the module doc)."""
     return (plain_eager(x) and not torch._C._is_any_autocast_enabled()
             and torch.autograd.forward_ad._current_level < 0 and not in_captured_step() and not collecting_holds()
-            and not (x.is_cuda and _stream_capturing()))
-
-
-# torch.cuda.is_current_stream_capturing less its Python wrapper (a CUDA build's; x.is_cuda never
-# holds on another)
-_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
+            and not capturing(x))
 
 
 def _need_grads(values, row_scale, col_scale, diag) -> bool:
