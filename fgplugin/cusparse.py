@@ -100,8 +100,8 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag, ours, sources: tuple) -> bo
 
 def product(adj, x: Tensor, row_scale, col_scale, diag, sources: tuple, restricted_adjoint=None) -> Tensor:
     """``diag(r) (A + diag(d)) diag(c) x`` on cuSPARSE (differentiable in ``x``).
-    ``restricted_adjoint(g)``: the backward product over the non-zero rows of ``g`` where the
-    zero-row skipping applies, else ``None`` (then cuSPARSE runs the full transposed product)."""
+    ``restricted_adjoint(g, full)``: the backward product over the non-zero rows of ``g`` where
+    the zero-row skipping applies, else ``full()`` (cuSPARSE's full transposed product)."""
     fold = folded(adj, row_scale, col_scale, diag, sources)
     if torch.is_grad_enabled() and x.requires_grad:
         return _Product.apply(x, fold, restricted_adjoint)
@@ -151,11 +151,10 @@ class _Product(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.restricted_adjoint is not None:
-            grad_x = ctx.restricted_adjoint(grad)
-            if grad_x is not None:
-                return grad_x, None, None
-        return torch.sparse.mm(ctx.fold.transposed, grad), None, None
+        def full():
+            return torch.sparse.mm(ctx.fold.transposed, grad)
+
+        return (full() if ctx.restricted_adjoint is None else ctx.restricted_adjoint(grad, full)), None, None
 
 
 def _applies(adj, x: Tensor, row_scale, col_scale, diag, forced: bool) -> bool:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .capture_holds import capturing, hold
 from .config import settings
 from .kernel_plan import KernelPlan, build_kernel_plan
 
@@ -102,6 +103,9 @@ class KeptSets:
     builds: int = 0
     hits: int = 0
     build_s: float = 0.0  # time spent building (timed_build)
+    # gradient widths seen with too many live rows: a captured product of such a width may come
+    # from a layer whose gradient is dense, and runs in full (captured_restriction)
+    dense_widths: set = field(default_factory=set)
 
     def record(self, item, built: bool) -> None:
         """Counts a use of ``item`` (a kept one, or one just built) and moves it to the front."""
@@ -151,11 +155,9 @@ def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: 
     CSR is ``A^T`` and ``x`` the output gradient. ``block_adaptive``: whether the full product
     runs the block-adaptive kernel (else the restriction runs the plain one too). The restriction's plan puts
     every entry in the remainder pass: leaving out most columns leaves few tiles dense."""
-    if not settings.skip_zero_rows or torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dim() != 2:
+    if not _may_restrict(col, x) or capturing(x):  # finding the live rows syncs: see captured_restriction
         return None
     n, width = x.shape
-    if n == 0 or width == 0 or not may_apply(col.numel(), width, x.device.type):
-        return None
     entry = _entry(col)
     if entry.misses >= MAX_MISSES:
         return None
@@ -164,12 +166,67 @@ def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: 
     if not any(kept.width == width for kept in entry.kept):
         step = max(n // SAMPLE_ROWS, 1)
         if float(nonzero_rows(x[::step]).float().mean()) > MAX_LIVE_FRACTION:  # one host sync
+            entry.dense_widths.add(width)
             return None
     live = nonzero_rows(x)
     match = _match(entry, live, width)
     if match is None and int(live.sum()) > MAX_LIVE_FRACTION * n:
+        entry.dense_widths.add(width)
         return None
     return _restricted(entry, rowptr, col, values, live, block_adaptive, match, width)
+
+
+def _may_restrict(col: torch.Tensor, x: torch.Tensor) -> bool:
+    """The checks of the product's kind and size that come before any look at ``x``'s rows."""
+    if not settings.skip_zero_rows or torch.is_grad_enabled() or torch.compiler.is_compiling() or x.dim() != 2:
+        return False
+    n, width = x.shape
+    return n > 0 and width > 0 and may_apply(col.numel(), width, x.device.type)
+
+
+def captured_restriction(rowptr, col, values, x: torch.Tensor, block_adaptive: bool):
+    """For a backward product captured into a CUDA graph, where nothing may sync: the restriction
+    the eager steps before the capture (a captured step's warm-up) last used for gradients as wide
+    as ``x``, as ``(rowptr, col, values, plan, outside)``, or ``None`` (the full product runs).
+    ``outside`` is a one-element CUDA bool tensor, set when a replay's ``x`` has a non-zero row
+    the restriction leaves out (the loss's rows changed in place since the capture): the caller
+    then runs the full product in the graph's conditional node (:func:`only_if`), so a replay is
+    never wrong, only slower. A width for which some gradient was seen dense gets no restriction:
+    two layers of that width may share the graph, one of them with a dense gradient. What the
+    graph reads is held with it (fgplugin.capture_holds)."""
+    if not (_may_restrict(col, x) and conditional_nodes()):
+        return None
+    entry = _restrictions.get(col)
+    width = x.shape[1]
+    if entry is None or width in entry.dense_widths:
+        return None
+    kept = next((k for k in entry.kept if k.width == width), None)  # most recently used first
+    plan_key = (values is not None, block_adaptive)
+    if kept is None or plan_key not in kept.plans:  # a plan is built with host syncs
+        return None
+    kept_values = None if values is None else values.index_select(0, kept.keep)
+    outside = torch.logical_and(nonzero_rows(x), kept.live.logical_not()).any()
+    hold(kept)
+    return kept.rowptr, kept.col, kept_values, hold(kept.plans[plan_key]), outside
+
+
+def conditional_nodes() -> bool:
+    """Whether this torch can capture a conditional node into a CUDA graph (CUDA >= 12.4)."""
+    cuda = torch.version.cuda
+    return (hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node") and cuda is not None
+            and tuple(int(p) for p in cuda.split(".")[:2]) >= (12, 4))
+
+
+@contextmanager
+def only_if(flag: torch.Tensor):
+    """Within: the CUDA graph being captured records what is launched as a conditional node that
+    a replay runs only when the one-element bool tensor ``flag`` is set."""
+    graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
+    graph.begin_capture_to_if_node(flag)
+    try:
+        yield
+    finally:
+        graph.end_capture_to_conditional_node()
 
 
 def restricted(rowptr, col, values, live: torch.Tensor, block_adaptive: bool):

@@ -28,10 +28,11 @@ What capture needs, and what this does about it:
   changes on ``MAX_CAPTURES_IN_A_ROW`` calls in a row runs eagerly from then on, with a warning.
 - **No host sync in the step.** A boolean mask index (``out[mask]``) has a data-dependent size:
   index with ``mask.nonzero()`` computed once, as above. fgplugin's zero-row skipping
-  (fgplugin.grad_rows) finds the live rows of a gradient on the host, so it is off while the
-  step is warmed up and captured (the captured backward runs the full products: on graphs of
-  100M edges that makes a captured step 1.0-1.4x slower than an eager one; docs/results.md
-  section 21); the kept input aggregation (fgplugin.input_cache) is filled in the warm-up (from
+  (fgplugin.grad_rows) finds the live rows of a gradient with a host sync: the warm-up finds
+  them, and the graph's backward products keep to those rows. A replay whose gradient has a
+  non-zero row outside them (the loss's rows changed in place) runs that product in full, in a
+  conditional node of the graph (torch's CUDA graph conditional nodes, CUDA >= 12.4; without
+  them the captured products run in full); the kept input aggregation (fgplugin.input_cache) is filled in the warm-up (from
   its second step: with ``warmup=1`` the graph computes it every replay) and read by the graph,
   its form (dense, or a mostly-zero input kept sparse: fgplugin.sparse_input) chosen by device
   time alone.
@@ -60,7 +61,6 @@ from typing import Callable
 import torch
 
 from . import autotune, capture_holds
-from .config import set_row_skipping
 
 
 class GraphedStepWarning(RuntimeWarning):
@@ -137,18 +137,15 @@ class _GraphedStep:
 
     def warm_up(self, steps: int) -> torch.Tensor:
         """``steps`` eager training steps on a side stream, with the choices a captured step
-        wants (device time alone, no zero-row skipping: it syncs); the last one's loss."""
-        skipping = set_row_skipping(False)
-        try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side), autotune.for_captured_step():
-                for _ in range(steps):
-                    loss = self.eager()
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            return loss
-        finally:
-            set_row_skipping(skipping)
+        wants (device time alone; the zero-row skipping finds its rows but runs full products:
+        fgplugin.ops._adjoint_over_live_rows); the last one's loss."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), autotune.for_captured_step():
+            for _ in range(steps):
+                loss = self.eager()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        return loss
 
     # ------------------------------------------------------------------ the captured step
     def prepare_optimizer(self) -> None:
@@ -164,7 +161,6 @@ class _GraphedStep:
     def capture(self) -> bool:
         """Captures the step (after a warm-up). Where the capture fails: restores the optimizer,
         says why once, and returns False (the step runs eagerly)."""
-        skipping = set_row_skipping(False)  # the live rows of a gradient are found with a host sync
         try:
             self.prepare_optimizer()
             graph, holds = torch.cuda.CUDAGraph(), []
@@ -182,8 +178,6 @@ class _GraphedStep:
             self.optimizer.zero_grad(set_to_none=True)
             _fall_back(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
             return False
-        finally:
-            set_row_skipping(skipping)
 
     def _run_eagerly(self) -> None:
         self.graph = self._loss = self._state = None

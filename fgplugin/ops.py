@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 import torch.autograd.forward_ad
 
-from . import _extension, cusparse, grad_rows, repeated_calls
+from . import _extension, autotune, capture_holds, cusparse, grad_rows, repeated_calls
 from ._csr import aux_dtype_for, rows_of_edges
 from .config import settings
 from .eager import plain_eager
@@ -349,9 +349,13 @@ def input_grads(args: OpArgs, grad: torch.Tensor, need, skip_zero_rows: bool = F
                                "instead of torch.ops.fgplugin.spmm so that it is passed")
 
         def adjoint(out_scale):
-            out = _adjoint_over_live_rows(args.t_rowptr, args.t_col, args.t_values, args.t_plan, grad, out_scale, r,
-                                          d) if skip_zero_rows else None
-            return args.adjoint(grad, out_scale).call() if out is None else out
+            def full():
+                return args.adjoint(grad, out_scale).call()
+
+            if not skip_zero_rows:
+                return full()
+            return _adjoint_over_live_rows(args.t_rowptr, args.t_col, args.t_values, args.t_plan, grad, out_scale, r,
+                                           d, full)
 
         if need_c:
             z = adjoint(None)
@@ -484,24 +488,40 @@ def checked_epilogue(x: torch.Tensor, bias, width, name: str) -> tuple:
 
 def _restricted_adjoint(adj: TiledAdjacency, row_scale, col_scale, diag, width: int):
     """For a product run elsewhere (cuSPARSE), the backward product that :func:`input_grads` would
-    run with the zero-row skipping: ``g -> diag(c) (A^T + diag(d)) diag(r) g`` over the non-zero
-    rows of ``g`` where the skipping applies to it, else ``None``; ``None`` itself for a product
-    too small for the skipping ever to apply (checked arguments, ``width`` columns)."""
+    run with the zero-row skipping: ``(g, full) -> diag(c) (A^T + diag(d)) diag(r) g`` over the
+    non-zero rows of ``g`` where the skipping applies to it, else ``full()`` (the caller's own full
+    product); ``None`` itself for a product too small for the skipping ever to apply (checked
+    arguments, ``width`` columns)."""
     if not grad_rows.may_apply(adj.nnz, width, adj.device.type):
         return None
 
-    def product(g: torch.Tensor) -> torch.Tensor | None:
-        return _adjoint_over_live_rows(*_adjacency_args(adj, g.dtype, True)[5:9], g, col_scale, row_scale, diag)
+    def product(g: torch.Tensor, full) -> torch.Tensor:
+        return _adjoint_over_live_rows(*_adjacency_args(adj, g.dtype, True)[5:9], g, col_scale, row_scale, diag, full)
 
     return product
 
 
-def _adjoint_over_live_rows(t_rowptr, t_col, t_values, t_plan, g, out_scale, row_scale, diag):
-    """``diag(out_scale) (A^T + diag(d)) diag(r) g`` over the non-zero rows of ``g`` alone, or
-    ``None`` where the zero-row skipping does not apply (fgplugin.grad_rows decides)."""
-    restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, t_plan is not None)
-    if restricted is None:
-        return None
+def _adjoint_over_live_rows(t_rowptr, t_col, t_values, t_plan, g, out_scale, row_scale, diag, full):
+    """``diag(out_scale) (A^T + diag(d)) diag(r) g`` over the non-zero rows of ``g`` alone where
+    the zero-row skipping applies (fgplugin.grad_rows decides), else ``full()``, the full product.
+
+    In a CUDA graph capture the restriction is the one the warm-up's eager steps found, and a
+    replay whose ``g`` has a non-zero row outside it runs the full product instead, in a
+    conditional node of the graph. A captured step's warm-up finds the restrictions but runs the
+    full products: so the capture's conditional full product has run once eagerly (its first run
+    checks the CSR with a host sync)."""
+    block_adaptive = t_plan is not None
+    if capture_holds.capturing(g):
+        found = grad_rows.captured_restriction(t_rowptr, t_col, t_values, g, block_adaptive)
+        if found is None:
+            return full()
+        out = csr_product(*found[:3], g, out_scale, row_scale, diag, found[3])
+        with grad_rows.only_if(found[4]):
+            out.copy_(full())
+        return out
+    restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)
+    if restricted is None or autotune.in_captured_step():
+        return full()
     return csr_product(*restricted[:3], g, out_scale, row_scale, diag, restricted[3])
 
 

@@ -327,3 +327,53 @@ def test_skipping_applies_to_a_product_with_an_epilogue(monkeypatch):
     padded = torch.nn.functional.pad(upstream, (0, 1))
     assert rel_error(grad_x, dense_spmm(case.dense().t(), padded, c, r, d)) <= 1e-10
     assert rel_error(grad_b, upstream.sum(0)) <= 1e-10
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_captured_steps_warm_up_finds_the_rows_and_runs_the_full_product(device, monkeypatch):
+    """In a captured step's warm-up the restriction is built (for the capture) but the full
+    product runs, so that the capture's conditional full product has run once."""
+    from fgplugin import autotune, ops
+    case, adj = case_and_adj(device)
+    grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=21, device=device)
+    restricted = []
+    monkeypatch.setattr(ops, "csr_product", lambda *args: restricted.append(args) or pytest.fail("restricted ran"))
+    with autotune.for_captured_step():
+        out, _ = x_grad(adj, grad, norm=False)
+    assert rel_error(out, reference(case, adj, grad, None)) <= TOL
+    assert grad_rows.stats(transposed_col(adj))["builds"] == 1 and not restricted
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_captured_product_gets_the_warm_up_restriction_with_its_guard(device, monkeypatch):
+    """captured_restriction (called while a CUDA graph is captured; here directly) hands out the
+    restriction last used at the gradient's width, and a flag set when the gradient has a
+    non-zero row outside it; none for a width never restricted or ever seen with a dense
+    gradient."""
+    from fgplugin import ops
+    monkeypatch.setattr(grad_rows, "conditional_nodes", lambda: True)
+    case, adj = case_and_adj(device)
+    n = adj.shape[0]
+    grad, live = row_sparse(n, 8, 0.1, seed=22, device=device)
+    x_grad(adj, grad, norm=False)
+    t_rowptr, t_col, t_values, t_plan = ops._adjacency_args(adj, torch.float32, True)[5:9]
+
+    def captured(g):
+        return grad_rows.captured_restriction(t_rowptr, t_col, t_values, g, t_plan is not None)
+
+    with torch.no_grad():
+        found = captured(grad)
+        assert found is not None and not bool(found[4])
+        out = ops.csr_product(*found[:3], grad, None, None, None, found[3])
+        assert rel_error(out, reference(case, adj, grad, None)) <= TOL
+        subset = grad.clone()
+        subset[live.nonzero()[0]] = 0  # fewer live rows: still inside
+        assert not bool(captured(subset)[4])
+        outside = grad.clone()
+        outside[(~live).nonzero()[0]] = 1.0
+        assert bool(captured(outside)[4])
+        assert captured(torch.zeros(n, 16, device=device)) is None  # no restriction at this width
+    dense, _ = row_sparse(n, 8, 1.0, seed=23, device=device)
+    x_grad(adj, dense, norm=False)  # a dense gradient of the same width: another layer may share it
+    with torch.no_grad():
+        assert captured(grad) is None

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import fgplugin
-from fgplugin import graphed, input_cache, sparse_input
+from fgplugin import grad_rows, graphed, input_cache, sparse_input
 from fgplugin.graphed import GraphedStepWarning
 from fgplugin.testing import clustered_case
 
@@ -293,6 +293,44 @@ def test_inputs_changed_in_place_are_seen_and_evaluation_between_steps_is_harmle
     expected = _eager_losses(reference, x_ref, edge_index, y, idx, WARMUP + STEPS,
                              change=lambda i: change(i, x_ref))[WARMUP:]
     assert losses == pytest.approx(expected, rel=1e-5)
+
+
+@CUDA
+@pytest.mark.skipif(not grad_rows.conditional_nodes(), reason="needs CUDA graph conditional nodes (CUDA >= 12.4)")
+def test_the_captured_backward_keeps_to_the_loss_rows_and_runs_in_full_when_they_change(monkeypatch):
+    """With the zero-row skipping on (its size floor lowered for this small graph), the captured
+    backward product keeps to the rows the warm-up found; loss rows changed in place after the
+    capture (now outside those rows) run the product in full, in the graph's conditional node:
+    the replays follow the eager steps throughout."""
+    monkeypatch.setattr(grad_rows, "MIN_WORK", {"cuda": 0, "cpu": 0})
+    found = []
+    captured_restriction = grad_rows.captured_restriction
+    monkeypatch.setattr(grad_rows, "captured_restriction",
+                        lambda *args: found.append(captured_restriction(*args)) or found[-1])
+    x, edge_index, y, idx, model, reference = _model_and_reference("cuda")
+    idx_ref = idx.clone()
+    taken = torch.zeros(N, dtype=torch.bool, device="cuda")
+    taken[idx] = True
+    others = (~taken).nonzero().squeeze(1)[:idx.numel()]
+
+    def change(i, rows):
+        if i == WARMUP + 3:
+            rows.copy_(others)
+
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index,
+                                 warmup=WARMUP)
+    losses = []
+    for i in range(WARMUP, WARMUP + STEPS):
+        change(i, idx)
+        losses.append(float(step()))
+    assert isinstance(step.graph, torch.cuda.CUDAGraph) and step.captures == 1
+    assert len(found) == 1 and found[0] is not None  # the one backward product, restricted
+    expected = _eager_losses(reference, x, edge_index, y, idx_ref, WARMUP + STEPS,
+                             change=lambda i: change(i, idx_ref))[WARMUP:]
+    assert losses == pytest.approx(expected, rel=1e-5)
+    for got, want in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
 @CUDA
