@@ -96,4 +96,15 @@ void check_pad_columns(const at::Tensor& x, int64_t width) {
                                       num(x.size(1)) + " columns");
 }
 
+void check_spmm_if(const at::Tensor& flag, const SpmmArgs& a, const at::Tensor& out) {
+  TORCH_CHECK(flag.numel() == 1 && flag.scalar_type() == at::kBool && flag.device() == a.x.device(),
+              "fgplugin::spmm_if: flag must be one bool on x's device (", a.x.device(), "), got ",
+              flag.scalar_type(), " of shape ", dims(flag.sizes()), " on ", flag.device());
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == a.n_rows && out.size(1) == a.x.size(1) &&
+                  out.scalar_type() == a.x.scalar_type() && out.device() == a.x.device() && out.is_contiguous(),
+              "fgplugin::spmm_if: out must be a contiguous " + dims({a.n_rows, a.x.size(1)}) +
+                  " tensor of x's dtype and device, got ",
+              out.scalar_type(), " of shape ", dims(out.sizes()), " on ", out.device());
+}
+
 }  // namespace fgplugin

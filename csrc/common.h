@@ -51,6 +51,10 @@ using SddmmOp = at::Tensor(const at::Tensor& rowptr, const at::Tensor& col, cons
 using DropoutOp = at::Tensor(const at::Tensor& x, double p, int64_t seed);
 using NonzeroRowsOp = at::Tensor(const at::Tensor& x);
 using PadColumnsOp = at::Tensor(const at::Tensor& x, int64_t width);
+using SpmmIfOp = void(const at::Tensor& flag, const at::Tensor& rowptr, const at::Tensor& col,
+                      const std::optional<at::Tensor>& values, const at::Tensor& x,
+                      const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_scale,
+                      const std::optional<at::Tensor>& diag, const at::Tensor& out);
 
 // The spmm arguments after checks, made contiguous: what both device kernels consume. The output
 // is [n_rows, width] (width <= x's columns: the first ones), plus bias when given.
@@ -83,5 +87,7 @@ SddmmArgs prepare_sddmm(const at::Tensor& rowptr, const at::Tensor& col, const a
 int64_t checked_max_col(const at::Tensor& rowptr, const at::Tensor& col, const char* op);
 void check_nonzero_rows(const at::Tensor& x);
 void check_pad_columns(const at::Tensor& x, int64_t width);
+// spmm_if's flag (one bool on x's device) and out ([n_rows, x's columns], x's dtype, contiguous).
+void check_spmm_if(const at::Tensor& flag, const SpmmArgs& a, const at::Tensor& out);
 
 }  // namespace fgplugin

@@ -17,21 +17,30 @@ import torch
 
 # per thread (and task), like the capture itself
 _held = contextvars.ContextVar("fgplugin_capture_holds", default=None)
+# The collections in progress in any thread, latest last: autograd runs a CUDA backward pass on a
+# thread of its own, which sees none of the capturing thread's context variables, so what a
+# captured backward product reads (fgplugin.grad_rows.captured_restriction) goes to the latest.
+# Holding an object in a collection it does not belong to only keeps it alive a little longer.
+_in_progress: list = []
 
 
 @contextlib.contextmanager
 def collecting(into: list):
     """Within: what the caches hand out is appended to ``into``."""
     token = _held.set(into)
+    _in_progress.append(into)
     try:
         yield into
     finally:
+        del _in_progress[max(i for i, held in enumerate(_in_progress) if held is into)]  # by identity
         _held.reset(token)
 
 
 def hold(obj):
     """``obj``, noted as read by the capture in progress (if any)."""
     held = _held.get()
+    if held is None and _in_progress:
+        held = _in_progress[-1]
     if held is not None:
         held.append(obj)
     return obj

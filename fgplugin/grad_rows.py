@@ -173,7 +173,7 @@ def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: 
     if match is None and int(live.sum()) > MAX_LIVE_FRACTION * n:
         entry.dense_widths.add(width)
         return None
-    return _restricted(entry, rowptr, col, values, live, block_adaptive, match, width)
+    return _restricted(entry, rowptr, col, values, live, block_adaptive, match, width, x)
 
 
 def _may_restrict(col: torch.Tensor, x: torch.Tensor) -> bool:
@@ -188,13 +188,13 @@ def captured_restriction(rowptr, col, values, x: torch.Tensor, block_adaptive: b
     """For a backward product captured into a CUDA graph, where nothing may sync: the restriction
     the eager steps before the capture (a captured step's warm-up) last used for gradients as wide
     as ``x``, as ``(rowptr, col, values, plan, outside)``, or ``None`` (the full product runs).
-    ``outside`` is a one-element CUDA bool tensor, set when a replay's ``x`` has a non-zero row
-    the restriction leaves out (the loss's rows changed in place since the capture): the caller
-    then runs the full product in the graph's conditional node (:func:`only_if`), so a replay is
-    never wrong, only slower. A width for which some gradient was seen dense gets no restriction:
-    two layers of that width may share the graph, one of them with a dense gradient. What the
-    graph reads is held with it (fgplugin.capture_holds)."""
-    if not (_may_restrict(col, x) and conditional_nodes()):
+    ``outside`` is a one-element bool tensor on the device, set when a replay's ``x`` has a
+    non-zero row the restriction leaves out (the loss's rows changed in place since the capture):
+    the caller then runs the full product too (the ``spmm_if`` op), so a replay is never wrong,
+    only slower. A width for which some gradient was seen dense gets no restriction: two layers
+    of that width may share the graph, one of them with a dense gradient. What the graph reads
+    is held with it (fgplugin.capture_holds)."""
+    if not _may_restrict(col, x):
         return None
     entry = _restrictions.get(col)
     width = x.shape[1]
@@ -210,31 +210,12 @@ def captured_restriction(rowptr, col, values, x: torch.Tensor, block_adaptive: b
     return kept.rowptr, kept.col, kept_values, hold(kept.plans[plan_key]), outside
 
 
-def conditional_nodes() -> bool:
-    """Whether this torch can capture a conditional node into a CUDA graph (CUDA >= 12.4)."""
-    cuda = torch.version.cuda
-    return (hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node") and cuda is not None
-            and tuple(int(p) for p in cuda.split(".")[:2]) >= (12, 4))
-
-
-@contextmanager
-def only_if(flag: torch.Tensor):
-    """Within: the CUDA graph being captured records what is launched as a conditional node that
-    a replay runs only when the one-element bool tensor ``flag`` is set."""
-    graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
-    graph.begin_capture_to_if_node(flag)
-    try:
-        yield
-    finally:
-        graph.end_capture_to_conditional_node()
-
-
 def restricted(rowptr, col, values, live: torch.Tensor, block_adaptive: bool):
     """``(rowptr, col, values, plan)`` of the CSR restricted to the columns where ``live`` (a
     bool mask, one entry per column) is true, kept per structure (keyed by ``col``) and reused
     while the mask stays the same; the caller decided that restricting pays."""
     entry = _entry(col)
-    return _restricted(entry, rowptr, col, values, live, block_adaptive, _match(entry, live), -1)
+    return _restricted(entry, rowptr, col, values, live, block_adaptive, _match(entry, live), -1, None)
 
 
 def _entry(col: torch.Tensor) -> KeptSets:
@@ -253,11 +234,14 @@ def _match(entry: KeptSets, live: torch.Tensor, width: int = -1) -> _Kept | None
     return None
 
 
-def _restricted(entry: KeptSets, rowptr, col, values, live, block_adaptive: bool, kept: _Kept | None, width: int):
+def _restricted(entry: KeptSets, rowptr, col, values, live, block_adaptive: bool, kept: _Kept | None, width: int,
+                x: torch.Tensor):
     built = kept is None
     if built:
         with timed_build(entry, live.device):
             kept = _Kept(live, *restrict_columns(rowptr, col, live))
+            if live.is_cuda:
+                _check_full_product(rowptr, col, values, x)
     entry.record(kept, built)
     if width >= 0:
         kept.width = width
@@ -266,6 +250,15 @@ def _restricted(entry: KeptSets, rowptr, col, values, live, block_adaptive: bool
                             weighted=values is not None, block_adaptive=block_adaptive, timed_by=entry)
     kept_values = None if values is None else values.index_select(0, kept.keep)
     return kept.rowptr, kept.col, kept_values, plan
+
+
+def _check_full_product(rowptr, col, values, x: torch.Tensor | None) -> None:
+    """Runs the ``spmm_if`` op of a captured product's fallback (:func:`captured_restriction`) on
+    the full CSR once, with its flag down: its first call checks the CSR's contents with a host
+    sync, which a capture must not meet."""
+    if x is not None and x.dim() == 2:
+        torch.ops.fgplugin.spmm_if.default(torch.zeros((), dtype=torch.bool, device=x.device), rowptr, col, values,
+                                           x, None, None, None, x.new_empty((rowptr.numel() - 1, x.shape[1])))
 
 
 def restriction_plan(plans: dict, rowptr, col, shape, *, weighted: bool, block_adaptive: bool,

@@ -30,12 +30,11 @@ What capture needs, and what this does about it:
   index with ``mask.nonzero()`` computed once, as above. fgplugin's zero-row skipping
   (fgplugin.grad_rows) finds the live rows of a gradient with a host sync: the warm-up finds
   them, and the graph's backward products keep to those rows. A replay whose gradient has a
-  non-zero row outside them (the loss's rows changed in place) runs that product in full, in a
-  conditional node of the graph (torch's CUDA graph conditional nodes, CUDA >= 12.4; without
-  them the captured products run in full); the kept input aggregation (fgplugin.input_cache) is filled in the warm-up (from
-  its second step: with ``warmup=1`` the graph computes it every replay) and read by the graph,
-  its form (dense, or a mostly-zero input kept sparse: fgplugin.sparse_input) chosen by device
-  time alone.
+  non-zero row outside them (the loss's rows changed in place) also runs that product in full
+  (a kernel that reads its flag on the device), so it stays right, only slower. The kept input
+  aggregation (fgplugin.input_cache) is filled in the warm-up (from its second step: with
+  ``warmup=1`` the graph computes it every replay) and read by the graph, its form (dense, or a
+  mostly-zero input kept sparse: fgplugin.sparse_input) chosen by device time alone.
 - **Optimizers**: those with a ``capturable`` option (Adam, AdamW, ...) are switched to it, which
   keeps their step counts on the GPU. Adam and AdamW left at torch's default implementation
   (neither ``foreach`` nor ``fused`` given) are switched to their fused one: the same update in
@@ -137,8 +136,8 @@ class _GraphedStep:
 
     def warm_up(self, steps: int) -> torch.Tensor:
         """``steps`` eager training steps on a side stream, with the choices a captured step
-        wants (device time alone; the zero-row skipping finds its rows but runs full products:
-        fgplugin.ops._adjoint_over_live_rows); the last one's loss."""
+        wants (device time alone; the zero-row skipping finds the rows the capture keeps to);
+        the last one's loss."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side), autotune.for_captured_step():

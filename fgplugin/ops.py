@@ -25,13 +25,13 @@ from typing import NamedTuple
 import torch
 import torch.autograd.forward_ad
 
-from . import _extension, autotune, capture_holds, cusparse, grad_rows, repeated_calls
+from . import _extension, capture_holds, cusparse, grad_rows, repeated_calls
 from ._csr import aux_dtype_for, rows_of_edges
 from .config import settings
 from .eager import plain_eager
 from .inference_mode import outside_inference_mode
 from .reference import (dense_tile_arch_reference, dropout_reference, nonzero_rows_reference, pad_columns_reference,
-                        sddmm_reference, set_wgmma_reference, spmm_reference)
+                        sddmm_reference, set_wgmma_reference, spmm_if_reference, spmm_reference)
 from .tiling import TiledAdjacency
 
 #: The ops' schemas, as csrc/<op>.cpp defines them (tests/test_extension.py checks they agree).
@@ -43,11 +43,14 @@ SCHEMAS = {
     "dropout": "dropout(Tensor x, float p, int seed) -> Tensor",
     "nonzero_rows": "nonzero_rows(Tensor x) -> Tensor",
     "pad_columns": "pad_columns(Tensor x, int width) -> Tensor",
+    "spmm_if": "spmm_if(Tensor flag, Tensor rowptr, Tensor col, Tensor? values, Tensor x, Tensor? row_scale, "
+               "Tensor? col_scale, Tensor? diag, Tensor(a!) out) -> ()",
     "set_wgmma": "set_wgmma(bool enabled) -> bool",
     "dense_tile_arch": "dense_tile_arch(int device) -> int",
 }
 _TENSOR_OPS = {"spmm": spmm_reference, "sddmm": sddmm_reference, "dropout": dropout_reference,
-               "nonzero_rows": nonzero_rows_reference, "pad_columns": pad_columns_reference}
+               "nonzero_rows": nonzero_rows_reference, "pad_columns": pad_columns_reference,
+               "spmm_if": spmm_if_reference}
 _fallback_library = None  # keeps the Python-defined ops alive when the extension is missing
 
 
@@ -81,6 +84,7 @@ def register_python_parts() -> None:
     torch.library.register_fake("fgplugin::sddmm")(_sddmm_fake)
     torch.library.register_fake("fgplugin::nonzero_rows")(_nonzero_rows_fake)
     torch.library.register_fake("fgplugin::pad_columns")(_pad_columns_fake)
+    torch.library.register_fake("fgplugin::spmm_if")(_spmm_if_fake)
     _autograd_library = torch.library.Library("fgplugin", "IMPL")
     for name, function, defaults in (("spmm", _SpmmAutograd, (None, -1)), ("sddmm", _SddmmAutograd, ())):
         _autograd_library.impl(name, _autograd_kernel(getattr(torch.ops.fgplugin, name).default, function, defaults),
@@ -294,6 +298,10 @@ def _nonzero_rows_fake(x):
     return x.new_empty((x.shape[0],), dtype=torch.bool)
 
 
+def _spmm_if_fake(flag, rowptr, col, values, x, row_scale, col_scale, diag, out):
+    return None
+
+
 def _pad_columns_fake(x, width):
     return x.new_empty((x.shape[0], width))
 
@@ -505,22 +513,19 @@ def _adjoint_over_live_rows(t_rowptr, t_col, t_values, t_plan, g, out_scale, row
     """``diag(out_scale) (A^T + diag(d)) diag(r) g`` over the non-zero rows of ``g`` alone where
     the zero-row skipping applies (fgplugin.grad_rows decides), else ``full()``, the full product.
 
-    In a CUDA graph capture the restriction is the one the warm-up's eager steps found, and a
-    replay whose ``g`` has a non-zero row outside it runs the full product instead, in a
-    conditional node of the graph. A captured step's warm-up finds the restrictions but runs the
-    full products: so the capture's conditional full product has run once eagerly (its first run
-    checks the CSR with a host sync)."""
+    In a CUDA graph capture the restriction is the one the eager steps before it found (a
+    captured step's warm-up), and a replay whose ``g`` has a non-zero row outside it overwrites
+    the result with the full product (the ``spmm_if`` op, which reads its flag on the device)."""
     block_adaptive = t_plan is not None
     if capture_holds.capturing(g):
         found = grad_rows.captured_restriction(t_rowptr, t_col, t_values, g, block_adaptive)
         if found is None:
             return full()
         out = csr_product(*found[:3], g, out_scale, row_scale, diag, found[3])
-        with grad_rows.only_if(found[4]):
-            out.copy_(full())
+        torch.ops.fgplugin.spmm_if.default(found[4], t_rowptr, t_col, t_values, g, out_scale, row_scale, diag, out)
         return out
     restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)
-    if restricted is None or autotune.in_captured_step():
+    if restricted is None:
         return full()
     return csr_product(*restricted[:3], g, out_scale, row_scale, diag, restricted[3])
 

@@ -40,6 +40,13 @@ def spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag, plan=None
     return out if bias is None else out.add_(bias)
 
 
+def spmm_if_reference(flag, rowptr, col, values, x, row_scale, col_scale, diag, out):
+    """When the one-element bool ``flag`` holds true, ``out`` = the spmm product (see
+    :func:`spmm_reference`); else ``out`` stays as it is."""
+    if bool(flag):
+        out.copy_(spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag))
+
+
 def sddmm_reference(rowptr, col, a, b):
     """out[e] = <a[row(e)], b[col(e)]> for every non-zero e, in the aux dtype."""
     acc = aux_dtype_for(a.dtype)

@@ -330,28 +330,36 @@ def test_skipping_applies_to_a_product_with_an_epilogue(monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_captured_steps_warm_up_finds_the_rows_and_runs_the_full_product(device, monkeypatch):
-    """In a captured step's warm-up the restriction is built (for the capture) but the full
-    product runs, so that the capture's conditional full product has run once."""
-    from fgplugin import autotune, ops
-    case, adj = case_and_adj(device)
-    grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=21, device=device)
-    restricted = []
-    monkeypatch.setattr(ops, "csr_product", lambda *args: restricted.append(args) or pytest.fail("restricted ran"))
-    with autotune.for_captured_step():
-        out, _ = x_grad(adj, grad, norm=False)
-    assert rel_error(out, reference(case, adj, grad, None)) <= TOL
-    assert grad_rows.stats(transposed_col(adj))["builds"] == 1 and not restricted
+@pytest.mark.parametrize("weighted", [False, True])
+def test_spmm_if_writes_the_product_only_when_its_flag_is_set(device, weighted):
+    """The op of a captured product's fallback: the full product into ``out`` when the flag on
+    the device holds, ``out`` untouched otherwise; bad flags and outputs are refused by name."""
+    from fgplugin import ops
+    case, adj = case_and_adj(device, weighted)
+    r, c, d = adj.norm("gcn", dtype=torch.float32)
+    x = torch.randn(adj.shape[1], 24, device=device)
+    rowptr, col, values = ops._adjacency_args(adj, torch.float32, False)[:3]
+    untouched = torch.full((adj.shape[0], 24), 7.0, device=device)
+    for flag in (False, True):
+        out = untouched.clone()
+        torch.ops.fgplugin.spmm_if(torch.tensor(flag, device=device), rowptr, col, values, x, r, c, d, out)
+        if flag:
+            assert rel_error(out, dense_spmm(case.dense(), x.double(), r, c, d)) <= TOL
+        else:
+            assert torch.equal(out, untouched)
+    with pytest.raises(RuntimeError, match="flag must be one bool"):
+        torch.ops.fgplugin.spmm_if(torch.tensor(1, device=device), rowptr, col, values, x, r, c, d, out)
+    with pytest.raises(RuntimeError, match="out must be a contiguous"):
+        torch.ops.fgplugin.spmm_if(torch.tensor(True, device=device), rowptr, col, values, x, r, c, d, out[:, :5])
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_captured_product_gets_the_warm_up_restriction_with_its_guard(device, monkeypatch):
+def test_a_captured_product_gets_the_warm_up_restriction_with_its_guard(device):
     """captured_restriction (called while a CUDA graph is captured; here directly) hands out the
     restriction last used at the gradient's width, and a flag set when the gradient has a
     non-zero row outside it; none for a width never restricted or ever seen with a dense
     gradient."""
     from fgplugin import ops
-    monkeypatch.setattr(grad_rows, "conditional_nodes", lambda: True)
     case, adj = case_and_adj(device)
     n = adj.shape[0]
     grad, live = row_sparse(n, 8, 0.1, seed=22, device=device)

@@ -296,11 +296,10 @@ def test_inputs_changed_in_place_are_seen_and_evaluation_between_steps_is_harmle
 
 
 @CUDA
-@pytest.mark.skipif(not grad_rows.conditional_nodes(), reason="needs CUDA graph conditional nodes (CUDA >= 12.4)")
 def test_the_captured_backward_keeps_to_the_loss_rows_and_runs_in_full_when_they_change(monkeypatch):
     """With the zero-row skipping on (its size floor lowered for this small graph), the captured
     backward product keeps to the rows the warm-up found; loss rows changed in place after the
-    capture (now outside those rows) run the product in full, in the graph's conditional node:
+    capture (now outside those rows) run the product in full too (its flag is set on the device):
     the replays follow the eager steps throughout."""
     monkeypatch.setattr(grad_rows, "MIN_WORK", {"cuda": 0, "cpu": 0})
     found = []

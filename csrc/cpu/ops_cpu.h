@@ -11,5 +11,6 @@ SddmmOp sddmm_cpu;
 DropoutOp dropout_cpu;
 NonzeroRowsOp nonzero_rows_cpu;
 PadColumnsOp pad_columns_cpu;
+SpmmIfOp spmm_if_cpu;
 
 }  // namespace fgplugin

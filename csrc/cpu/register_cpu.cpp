@@ -9,4 +9,5 @@ TORCH_LIBRARY_IMPL(fgplugin, CPU, m) {
   m.impl("dropout", &fgplugin::dropout_cpu);
   m.impl("nonzero_rows", &fgplugin::nonzero_rows_cpu);
   m.impl("pad_columns", &fgplugin::pad_columns_cpu);
+  m.impl("spmm_if", &fgplugin::spmm_if_cpu);
 }

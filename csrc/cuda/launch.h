@@ -16,7 +16,9 @@ inline unsigned blocks_for_rows(int64_t n_rows) {
   return static_cast<unsigned>((n_rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
-cudaError_t launch_spmm_csr(const SpmmArgs& a, const at::Tensor& out);
+// only_if: a bool on the device; when given, the kernel's warps leave at once unless it is set
+// (spmm_if), and the grid is capped so that a product left out costs little more than a launch.
+cudaError_t launch_spmm_csr(const SpmmArgs& a, const at::Tensor& out, const bool* only_if = nullptr);
 cudaError_t launch_sddmm_csr(const SddmmArgs& a, const at::Tensor& out);
 // x: contiguous 2-D, floating point; out: bool [x.size(0)].
 cudaError_t launch_nonzero_rows(const at::Tensor& x, const at::Tensor& out);

@@ -16,6 +16,7 @@ SpmmOp spmm_cuda;
 SddmmOp sddmm_cuda;
 NonzeroRowsOp nonzero_rows_cuda;
 PadColumnsOp pad_columns_cuda;
+SpmmIfOp spmm_if_cuda;
 
 // `launch(inputs..., out)` on the current stream of `out`'s device; returns `out`.
 template <typename Launch, typename... Inputs>

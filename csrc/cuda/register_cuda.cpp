@@ -8,4 +8,5 @@ TORCH_LIBRARY_IMPL(fgplugin, CUDA, m) {
   m.impl("sddmm", &fgplugin::sddmm_cuda);
   m.impl("nonzero_rows", &fgplugin::nonzero_rows_cuda);
   m.impl("pad_columns", &fgplugin::pad_columns_cuda);
+  m.impl("spmm_if", &fgplugin::spmm_if_cuda);
 }
