@@ -1,4 +1,5 @@
 // Argument checks of the ops, shared by their CPU and CUDA kernels (see common.h).
+#include <ATen/MemoryOverlap.h>
 #include <algorithm>
 
 #include "common.h"
@@ -105,6 +106,9 @@ void check_spmm_if(const at::Tensor& flag, const SpmmArgs& a, const at::Tensor& 
               "fgplugin::spmm_if: out must be a contiguous " + dims({a.n_rows, a.x.size(1)}) +
                   " tensor of x's dtype and device, got ",
               out.scalar_type(), " of shape ", dims(out.sizes()), " on ", out.device());
+  TORCH_CHECK(at::get_overlap_status(out, a.x) == at::MemOverlapStatus::No,
+              "fgplugin::spmm_if: out shares memory with x, which the product reads while writing out; pass a "
+              "tensor of its own");
 }
 
 }  // namespace fgplugin

@@ -12,38 +12,50 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 
 import torch
 
 # per thread (and task), like the capture itself
 _held = contextvars.ContextVar("fgplugin_capture_holds", default=None)
-# The collections in progress in any thread, latest last: autograd runs a CUDA backward pass on a
+# The collections in progress in any thread (by id): autograd runs a CUDA backward pass on a
 # thread of its own, which sees none of the capturing thread's context variables, so what a
-# captured backward product reads (fgplugin.grad_rows.captured_restriction) goes to the latest.
-# Holding an object in a collection it does not belong to only keeps it alive a little longer.
-_in_progress: list = []
+# captured backward product reads (fgplugin.grad_rows.captured_restriction) goes to every one of
+# them. Holding an object in a collection it does not belong to only keeps it alive a little longer.
+_in_progress: dict = {}
+_in_progress_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def collecting(into: list):
     """Within: what the caches hand out is appended to ``into``."""
     token = _held.set(into)
-    _in_progress.append(into)
+    with _in_progress_lock:
+        _in_progress[id(into)] = into
     try:
         yield into
     finally:
-        del _in_progress[max(i for i, held in enumerate(_in_progress) if held is into)]  # by identity
+        with _in_progress_lock:
+            del _in_progress[id(into)]
         _held.reset(token)
 
 
 def hold(obj):
-    """``obj``, noted as read by the capture in progress (if any)."""
+    """``obj``, noted as read by the capture in progress (if any): the caller's thread's
+    collection, else (autograd's backward thread) every collection in progress."""
     held = _held.get()
-    if held is None and _in_progress:
-        held = _in_progress[-1]
     if held is not None:
         held.append(obj)
+        return obj
+    with _in_progress_lock:
+        for collection in _in_progress.values():
+            collection.append(obj)
     return obj
+
+
+def collection_in_progress() -> bool:
+    """Whether some thread collects what a capture reads (:func:`collecting`)."""
+    return _held.get() is not None or bool(_in_progress)
 
 
 def capturing(t) -> bool:

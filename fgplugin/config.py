@@ -41,7 +41,7 @@ VARIABLES = (
              "`auto`: at the widths where a timed probe finds cuSPARSE faster (`fgplugin.set_cusparse`)"),
     Variable("FGPLUGIN_SKIP_ZERO_ROWS", "1",
              "`0`: backward products never skip the zero rows of their output gradient "
-             "(`fgplugin.set_row_skipping`)"),
+             "(`fgplugin.set_row_skipping`; a step captured before replays what it captured)"),
     Variable("FGPLUGIN_DIST_TIMEOUT", "300", "seconds before a collective of `fgplugin.distributed` gives up"),
     Variable("FGPLUGIN_COMMIT", "unset", "the source version `fgplugin bench` records as its results' `commit` "
              "when `--commit` is not given"),
@@ -127,7 +127,7 @@ def _set_mode(field: str, mode, setter: str) -> str:
 
 def set_row_skipping(enabled: bool) -> bool:
     """Turns the skipping of zero output-gradient rows (fgplugin.grad_rows) on or off; returns the
-    previous setting."""
+    previous setting. A step captured before (``fgplugin.graphed_step``) replays what it captured."""
     previous, settings.skip_zero_rows = settings.skip_zero_rows, bool(enabled)
     return previous
 

@@ -22,6 +22,11 @@ product):
   the sample and is compared with those rows at once (one host sync in all);
 - the structure has not seen ``MAX_MISSES`` new sets of non-zero rows in a row.
 
+A backward product captured into a CUDA graph (``fgplugin.graphed_step``) cannot look at ``G``'s
+rows on the host: it keeps to the restriction its warm-up used at ``G``'s width, and a flag
+computed on the device runs the full product too where ``G`` has rows outside it
+(:func:`captured_restriction`).
+
 A restriction is built when a set of rows is seen for the first time (a pass over ``A^T``'s
 non-zeros and a kernel plan: 5-8 ms for the 75-200M non-zeros of the synthetic suite on an H100,
 about two full products) and reused whenever a later gradient has the same non-zero rows. Each
@@ -45,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .capture_holds import capturing, hold
+from .capture_holds import capturing, collection_in_progress, hold
 from .config import settings
 from .kernel_plan import KernelPlan, build_kernel_plan
 
@@ -103,9 +108,10 @@ class KeptSets:
     builds: int = 0
     hits: int = 0
     build_s: float = 0.0  # time spent building (timed_build)
-    # gradient widths seen with too many live rows: a captured product of such a width may come
-    # from a layer whose gradient is dense, and runs in full (captured_restriction)
-    dense_widths: set = field(default_factory=set)
+    # gradient width -> ``uses`` when a gradient of that width was last seen with too many live
+    # rows: a captured product of such a width may come from a layer whose gradient is dense
+    # (captured_restriction)
+    dense_at: dict = field(default_factory=dict)
 
     def record(self, item, built: bool) -> None:
         """Counts a use of ``item`` (a kept one, or one just built) and moves it to the front."""
@@ -166,12 +172,12 @@ def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: 
     if not any(kept.width == width for kept in entry.kept):
         step = max(n // SAMPLE_ROWS, 1)
         if float(nonzero_rows(x[::step]).float().mean()) > MAX_LIVE_FRACTION:  # one host sync
-            entry.dense_widths.add(width)
+            entry.dense_at[width] = entry.uses
             return None
     live = nonzero_rows(x)
     match = _match(entry, live, width)
     if match is None and int(live.sum()) > MAX_LIVE_FRACTION * n:
-        entry.dense_widths.add(width)
+        entry.dense_at[width] = entry.uses
         return None
     return _restricted(entry, rowptr, col, values, live, block_adaptive, match, width, x)
 
@@ -185,25 +191,31 @@ def _may_restrict(col: torch.Tensor, x: torch.Tensor) -> bool:
 
 
 def captured_restriction(rowptr, col, values, x: torch.Tensor, block_adaptive: bool):
-    """For a backward product captured into a CUDA graph, where nothing may sync: the restriction
-    the eager steps before the capture (a captured step's warm-up) last used for gradients as wide
-    as ``x``, as ``(rowptr, col, values, plan, outside)``, or ``None`` (the full product runs).
-    ``outside`` is a one-element bool tensor on the device, set when a replay's ``x`` has a
-    non-zero row the restriction leaves out (the loss's rows changed in place since the capture):
-    the caller then runs the full product too (the ``spmm_if`` op), so a replay is never wrong,
-    only slower. A width for which some gradient was seen dense gets no restriction: two layers
-    of that width may share the graph, one of them with a dense gradient. What the graph reads
-    is held with it (fgplugin.capture_holds)."""
-    if not _may_restrict(col, x):
+    """For a backward product captured into a CUDA graph by :func:`fgplugin.graphed_step`, where
+    nothing may sync: the restriction the eager steps before the capture (its warm-up) used for
+    gradients as wide as ``x``, as ``(rowptr, col, values, plan, outside)``, or ``None`` (the
+    full product runs). ``outside`` is a one-element bool tensor on the device, set when a
+    replay's ``x`` has a non-zero row the restriction leaves out (the loss's rows changed in place
+    since the capture): the caller then runs the full product too (the ``spmm_if`` op), so a
+    replay is never wrong, only slower. What the graph reads is held with it
+    (fgplugin.capture_holds), so a capture that nothing collects for gets no restriction.
+
+    Only an unambiguous restriction is handed out: none where the eager path gave up on the
+    structure (``MAX_MISSES``), where the kept restrictions hold two of this width (two layers of
+    one width sharing the graph: which is whose is not known here), or where a gradient of this
+    width was seen dense within the last ``STALE_USES`` uses (a layer of that width whose gradient
+    is dense shares the graph)."""
+    if not (_may_restrict(col, x) and collection_in_progress()):
         return None
     entry = _restrictions.get(col)
     width = x.shape[1]
-    if entry is None or width in entry.dense_widths:
+    if entry is None or entry.misses >= MAX_MISSES or entry.uses - entry.dense_at.get(width, -STALE_USES) < STALE_USES:
         return None
-    kept = next((k for k in entry.kept if k.width == width), None)  # most recently used first
+    candidates = [k for k in entry.kept if k.width == width]
     plan_key = (values is not None, block_adaptive)
-    if kept is None or plan_key not in kept.plans:  # a plan is built with host syncs
+    if len(candidates) != 1 or plan_key not in candidates[0].plans:  # a plan is built with host syncs
         return None
+    kept = candidates[0]
     kept_values = None if values is None else values.index_select(0, kept.keep)
     outside = torch.logical_and(nonzero_rows(x), kept.live.logical_not()).any()
     hold(kept)
@@ -240,11 +252,11 @@ def _restricted(entry: KeptSets, rowptr, col, values, live, block_adaptive: bool
     if built:
         with timed_build(entry, live.device):
             kept = _Kept(live, *restrict_columns(rowptr, col, live))
-            if live.is_cuda:
-                _check_full_product(rowptr, col, values, x)
     entry.record(kept, built)
     if width >= 0:
         kept.width = width
+    if x is not None and x.is_cuda:
+        _check_full_product(rowptr, col, values, x)
     # the full product's kind of kernel (a float64 call runs the plain one)
     plan = restriction_plan(kept.plans, kept.rowptr, kept.col, (rowptr.numel() - 1, live.numel()),
                             weighted=values is not None, block_adaptive=block_adaptive, timed_by=entry)
@@ -252,13 +264,14 @@ def _restricted(entry: KeptSets, rowptr, col, values, live, block_adaptive: bool
     return kept.rowptr, kept.col, kept_values, plan
 
 
-def _check_full_product(rowptr, col, values, x: torch.Tensor | None) -> None:
-    """Runs the ``spmm_if`` op of a captured product's fallback (:func:`captured_restriction`) on
-    the full CSR once, with its flag down: its first call checks the CSR's contents with a host
-    sync, which a capture must not meet."""
-    if x is not None and x.dim() == 2:
-        torch.ops.fgplugin.spmm_if.default(torch.zeros((), dtype=torch.bool, device=x.device), rowptr, col, values,
-                                           x, None, None, None, x.new_empty((rowptr.numel() - 1, x.shape[1])))
+def _check_full_product(rowptr, col, values, x: torch.Tensor) -> None:
+    """Calls the ``spmm_if`` op of a captured product's fallback (:func:`captured_restriction`)
+    on the full CSR and none of ``x``'s columns (no kernel runs): the op checks the CSR's contents
+    with a host sync when it has not seen them lately, which a capture must not meet. A lookup
+    after the first call."""
+    none = x[:, :0]
+    torch.ops.fgplugin.spmm_if.default(torch.empty((), dtype=torch.bool, device=x.device), rowptr, col, values, none,
+                                       None, None, None, none.new_empty((rowptr.numel() - 1, 0)))
 
 
 def restriction_plan(plans: dict, rowptr, col, shape, *, weighted: bool, block_adaptive: bool,

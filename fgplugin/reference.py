@@ -43,8 +43,9 @@ def spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag, plan=None
 def spmm_if_reference(flag, rowptr, col, values, x, row_scale, col_scale, diag, out):
     """When the one-element bool ``flag`` holds true, ``out`` = the spmm product (see
     :func:`spmm_reference`); else ``out`` stays as it is."""
-    if bool(flag):
-        out.copy_(spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag))
+    # torch.where, not an `if`: reading the flag on the host would sync, which a CUDA graph capture
+    # (the op's use) must not meet
+    out.copy_(torch.where(flag, spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag), out))
 
 
 def sddmm_reference(rowptr, col, a, b):

@@ -349,17 +349,26 @@ def test_spmm_if_writes_the_product_only_when_its_flag_is_set(device, weighted):
             assert torch.equal(out, untouched)
     with pytest.raises(RuntimeError, match="flag must be one bool"):
         torch.ops.fgplugin.spmm_if(torch.tensor(1, device=device), rowptr, col, values, x, r, c, d, out)
+    flag = torch.tensor(True, device=device)
     with pytest.raises(RuntimeError, match="out must be a contiguous"):
-        torch.ops.fgplugin.spmm_if(torch.tensor(True, device=device), rowptr, col, values, x, r, c, d, out[:, :5])
+        torch.ops.fgplugin.spmm_if(flag, rowptr, col, values, x, r, c, d, out[:5])  # shape
+    with pytest.raises(RuntimeError, match="out must be a contiguous"):
+        torch.ops.fgplugin.spmm_if(flag, rowptr, col, values, x, r, c, d, out.t().contiguous().t())  # layout
+    with pytest.raises(RuntimeError, match="out shares memory with x"):
+        square = torch.randn(adj.shape[0], adj.shape[0], device=device)
+        torch.ops.fgplugin.spmm_if(flag, rowptr, col, values, square, r, c, d, square)
+    if device == "cuda":
+        with pytest.raises(RuntimeError, match="flag must be one bool on x's device"):
+            torch.ops.fgplugin.spmm_if(torch.tensor(True), rowptr, col, values, x, r, c, d, out)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_captured_product_gets_the_warm_up_restriction_with_its_guard(device):
-    """captured_restriction (called while a CUDA graph is captured; here directly) hands out the
-    restriction last used at the gradient's width, and a flag set when the gradient has a
-    non-zero row outside it; none for a width never restricted or ever seen with a dense
-    gradient."""
-    from fgplugin import ops
+    """captured_restriction (called while graphed_step captures; here directly) hands out the
+    restriction used at the gradient's width, held by the collection in progress, with a flag set
+    when the gradient has a non-zero row outside it; none without a collection, at a width never
+    restricted, or at a width recently seen with a dense gradient."""
+    from fgplugin import capture_holds, ops
     case, adj = case_and_adj(device)
     n = adj.shape[0]
     grad, live = row_sparse(n, 8, 0.1, seed=22, device=device)
@@ -370,18 +379,53 @@ def test_a_captured_product_gets_the_warm_up_restriction_with_its_guard(device):
         return grad_rows.captured_restriction(t_rowptr, t_col, t_values, g, t_plan is not None)
 
     with torch.no_grad():
-        found = captured(grad)
+        assert captured(grad) is None  # nothing would hold what the graph reads
+        with capture_holds.collecting([]) as holds:
+            found = captured(grad)
         assert found is not None and not bool(found[4])
+        assert any(held.rowptr is found[0] for held in holds if isinstance(held, grad_rows._Kept))
         out = ops.csr_product(*found[:3], grad, None, None, None, found[3])
         assert rel_error(out, reference(case, adj, grad, None)) <= TOL
-        subset = grad.clone()
-        subset[live.nonzero()[0]] = 0  # fewer live rows: still inside
-        assert not bool(captured(subset)[4])
-        outside = grad.clone()
-        outside[(~live).nonzero()[0]] = 1.0
-        assert bool(captured(outside)[4])
-        assert captured(torch.zeros(n, 16, device=device)) is None  # no restriction at this width
+        with capture_holds.collecting([]):
+            subset = grad.clone()
+            subset[live.nonzero()[0]] = 0  # fewer live rows: still inside
+            assert not bool(captured(subset)[4])
+            outside = grad.clone()
+            outside[(~live).nonzero()[0]] = 1.0
+            assert bool(captured(outside)[4])
+            assert captured(torch.zeros(n, 16, device=device)) is None  # no restriction at this width
     dense, _ = row_sparse(n, 8, 1.0, seed=23, device=device)
     x_grad(adj, dense, norm=False)  # a dense gradient of the same width: another layer may share it
-    with torch.no_grad():
+    with torch.no_grad(), capture_holds.collecting([]):
         assert captured(grad) is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_restrictions_of_one_width_are_not_handed_to_a_capture(device):
+    """Two layers of one width whose gradients have different rows: which restriction is whose is
+    not known while capturing, so neither is handed out."""
+    from fgplugin import capture_holds, ops
+    _, adj = case_and_adj(device)
+    n = adj.shape[0]
+    first, _ = row_sparse(n, 8, 0.1, seed=24, device=device)
+    second, _ = row_sparse(n, 8, 0.1, seed=25, device=device)
+    x_grad(adj, first, norm=False)
+    x_grad(adj, second, norm=False)
+    assert grad_rows.stats(transposed_col(adj))["kept"] == 2
+    t_rowptr, t_col, t_values, t_plan = ops._adjacency_args(adj, torch.float32, True)[5:9]
+    with torch.no_grad(), capture_holds.collecting([]):
+        assert grad_rows.captured_restriction(t_rowptr, t_col, t_values, first, t_plan is not None) is None
+
+
+def test_holds_from_another_thread_reach_every_collection_in_progress():
+    """Autograd runs a CUDA backward on a thread of its own, which sees none of the capturing
+    thread's context: a hold made there goes to every collection in progress."""
+    import threading
+    from fgplugin import capture_holds
+    marker = object()
+    with capture_holds.collecting([]) as first, capture_holds.collecting([]) as second:
+        thread = threading.Thread(target=capture_holds.hold, args=(marker,))
+        thread.start()
+        thread.join()
+    assert any(h is marker for h in first) and any(h is marker for h in second)
+    assert not capture_holds.collection_in_progress()

@@ -333,6 +333,35 @@ def test_the_captured_backward_keeps_to_the_loss_rows_and_runs_in_full_when_they
 
 
 @CUDA
+def test_the_graph_holds_its_restriction_after_eager_steps_evict_it(monkeypatch):
+    """The restriction a captured backward reads is held with the graph: eager backward passes
+    over the same graph with other loss rows evict it from fgplugin.grad_rows' kept ones, memory
+    is allocated and written all over, and the replays still follow the eager steps."""
+    import gc
+    monkeypatch.setattr(grad_rows, "MIN_WORK", {"cuda": 0, "cpu": 0})
+    x, edge_index, y, idx, model, reference = _model_and_reference("cuda")
+    evictor = copy.deepcopy(reference)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index,
+                                 warmup=WARMUP)
+    losses = [float(step())]
+    held = [h for h in step._holds if isinstance(h, grad_rows._Kept)]
+    assert len(held) == 1
+    g = torch.Generator().manual_seed(9)
+    for _ in range(grad_rows.MAX_KEPT + 1):  # new loss rows each time: new restrictions push the held one out
+        rows = torch.randperm(N, generator=g)[:idx.numel()].cuda()
+        F.cross_entropy(evictor(x, edge_index)[rows], y[rows]).backward()
+    assert not any(k is held[0] for entry in grad_rows._restrictions.values() for k in entry.kept)
+    del held
+    gc.collect()
+    junk = [torch.full((size,), 123456, dtype=torch.int32, device="cuda") for size in range(1, 4097, 7)]
+    losses += [float(step()) for _ in range(STEPS - 1)]
+    del junk
+    expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]
+    assert losses == pytest.approx(expected, rel=1e-5)
+
+
+@CUDA
 def test_a_weighted_graph_is_captured():
     """Edge weights are checked for NaN with a host sync, once per weights (not inside the
     capture): a GCN on a weighted edge_index is captured and replays the eager steps."""
