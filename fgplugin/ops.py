@@ -336,13 +336,18 @@ class _SpmmAutograd(torch.autograd.Function):
         return (None, None, None, *grads) + (None,) * 7 + (grad_bias, None)
 
 
+_COLUMN_SUM_GEMM_NUMEL = 1 << 22
+
+
 def column_sum(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``g.sum(dim=0)`` in ``dtype`` (a bias gradient): a float32 CUDA matrix goes through a GEMM
     with a row of ones, which reads it at the memory's speed where torch's reduction over rows did
     not (H100, [233K, 128]: 0.21 ms against 0.05; [2.45M, 64]: 0.30 against 0.22;
     benchmarks/results/h100/column_sum.json). 16-bit gradients keep the reduction, which sums them
-    into float32 (the GEMM would round its result to 16 bits)."""
-    if g.is_cuda and g.dim() == 2 and g.dtype == dtype == torch.float32 and not torch.is_autocast_enabled("cuda"):
+    into float32 (the GEMM would round its result to 16 bits), and small ones too, where the row
+    of ones would only add a kernel launch (the two took about the same time at [233K, 41])."""
+    if (g.is_cuda and g.dim() == 2 and g.numel() >= _COLUMN_SUM_GEMM_NUMEL and g.dtype == dtype == torch.float32
+            and not torch.is_autocast_enabled("cuda")):
         return torch.mm(g.new_ones(1, g.shape[0]), g).squeeze(0)
     return g.sum(dim=0, dtype=dtype)
 
