@@ -191,20 +191,6 @@ def _autocast_bias(bias: Tensor, out: Tensor) -> Tensor:
     return bias
 
 
-def float32_under_autocast(out: Tensor, stock_promotes: bool) -> Tensor:
-    """A layer's 16-bit output under autocast in float32 where ``stock_promotes``: where the stock
-    layer multiplies or adds float32 tensors (a normalization, edge weights, its bias) to its
-    16-bit aggregation, so that it returns float32 (PyG's GCNConv and LGConv, DGL's GraphConv).
-    Then the rest of the model runs as on the stock layer: its ReLU and dropout on float32, the
-    dropout drawing the same masks. With 16-bit outputs there, PyG's gcn.py model on citeseer
-    under bf16 autocast lost 0.62 points of test accuracy against float32 (20 seeds, per-seed
-    spread 1.7 points) where stock PyG lost 0.15 (spread 0.5), and 0.11 (0.4) with this cast
-    (benchmarks/results/h100/accuracy_bf16_outputs.json)."""
-    if stock_promotes and out.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(out.device.type):
-        return out.float()
-    return out
-
-
 def _product_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
     """The dtype of ``x @ weight`` (under autocast, the autocast dtype)."""
     if torch.is_autocast_enabled(x.device.type):

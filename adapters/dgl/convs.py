@@ -16,7 +16,7 @@ from torch import Tensor
 
 from fgplugin import Normalization, TiledAdjacency
 from fgplugin._csr import aux_dtype_for
-from fgplugin.aggregation import Aggregation, aggregate, float32_under_autocast, is_distributed, linear_parts, transform
+from fgplugin.aggregation import Aggregation, aggregate, is_distributed, linear_parts, transform
 from fgplugin.inference_mode import outside_inference_mode
 
 from ._import_shim import import_dgl
@@ -134,7 +134,6 @@ class GraphConv(_Named, dgl_conv.GraphConv):
             aggregation = _aggregation(graph, found, edge_weight, f"GraphConv-{self._norm}", row_scale, col_scale)
         rst = aggregate(aggregation, feat_src, weight=self.weight if weight is None else weight, bias=self.bias,
                         owner=self)
-        rst = float32_under_autocast(rst, self._norm != "none" or self.bias is not None or edge_weight is not None)
         return rst if self._activation is None else self._activation(rst)
 
 

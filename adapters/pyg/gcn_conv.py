@@ -6,7 +6,7 @@ from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor, SparseTensor
 
 from fgplugin import TiledAdjacency
-from fgplugin.aggregation import Aggregation, aggregate, float32_under_autocast
+from fgplugin.aggregation import Aggregation, aggregate
 
 from ._aggregation import NONE, NormSpec
 from ._deferred import DeferredAggregation
@@ -38,10 +38,8 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
             return self._stock_forward(x, edge_index, edge_weight)
         parts = linear(self.lin)
         if parts is None:  # a linear map with hooks (or not yet initialized): the module, then aggregate
-            out = aggregate(aggregation, self.lin(x), bias=self.bias, node_dim=self.node_dim)
-        else:
-            out = aggregate(aggregation, x, weight=parts[0], bias=self.bias, owner=self, node_dim=self.node_dim)
-        return float32_under_autocast(out, self.normalize or self.bias is not None or edge_weight is not None)
+            return aggregate(aggregation, self.lin(x), bias=self.bias, node_dim=self.node_dim)
+        return aggregate(aggregation, x, weight=parts[0], bias=self.bias, owner=self, node_dim=self.node_dim)
 
     def _aggregation(self, n: int, edge_index, edge_weight, dtype) -> Aggregation | DeferredAggregation | None:
         cache_name = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"

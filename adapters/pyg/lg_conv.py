@@ -5,7 +5,7 @@ from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor
 
-from fgplugin.aggregation import aggregate, float32_under_autocast
+from fgplugin.aggregation import aggregate
 
 from ._aggregation import NONE, NormSpec
 from ._layer import FgpluginLayer, make_aggregation
@@ -28,8 +28,7 @@ class LGConv(FgpluginLayer, pyg_conv.LGConv):
         aggregation = self._served_aggregation(x, edge_index, edge_weight)
         if aggregation is None:
             return self._stock_forward(x, edge_index, edge_weight)
-        return float32_under_autocast(aggregate(aggregation, x, owner=self, node_dim=self.node_dim),
-                                      self.normalize or edge_weight is not None)
+        return aggregate(aggregation, x, owner=self, node_dim=self.node_dim)
 
     def _aggregation(self, n: int, edge_index, edge_weight, dtype):
         norm = NormSpec("gcn", add_self_loops=False) if self.normalize else NONE
