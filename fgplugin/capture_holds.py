@@ -18,44 +18,65 @@ import torch
 
 # per thread (and task), like the capture itself
 _held = contextvars.ContextVar("fgplugin_capture_holds", default=None)
-# The collections in progress in any thread (by id): autograd runs a CUDA backward pass on a
-# thread of its own, which sees none of the capturing thread's context variables, so what a
-# captured backward product reads (fgplugin.grad_rows.captured_restriction) goes to every one of
-# them. Holding an object in a collection it does not belong to only keeps it alive a little longer.
-_in_progress: dict = {}
-_in_progress_lock = threading.Lock()
+# The collections in progress, by the CUDA stream each one's capture runs on: autograd runs a
+# CUDA backward pass on a thread of its own, which sees none of the capturing thread's context
+# variables but runs on the forward pass's stream, so what a captured backward product reads
+# (fgplugin.grad_rows.captured_restriction) finds its collection by the current stream.
+_by_stream: dict = {}  # stream key -> list of collections (nested ones last)
+_by_stream_lock = threading.Lock()
+
+
+def _stream_key():
+    """The current CUDA stream where one is capturing, else ``None``."""
+    if not torch.cuda.is_initialized() or not _stream_capturing():
+        return None
+    stream = torch.cuda.current_stream()
+    return stream.device_index, stream.stream_id
 
 
 @contextlib.contextmanager
 def collecting(into: list):
-    """Within: what the caches hand out is appended to ``into``."""
+    """Within: what the caches hand out is appended to ``into`` (also from autograd's backward
+    thread, where a capture is in progress on the current stream)."""
     token = _held.set(into)
-    with _in_progress_lock:
-        _in_progress[id(into)] = into
+    key = _stream_key()
+    if key is not None:
+        with _by_stream_lock:
+            _by_stream.setdefault(key, []).append(into)
     try:
         yield into
     finally:
-        with _in_progress_lock:
-            del _in_progress[id(into)]
-        _held.reset(token)
+        try:
+            if key is not None:
+                with _by_stream_lock:
+                    collections = _by_stream[key]
+                    del collections[max(i for i, c in enumerate(collections) if c is into)]  # by identity
+                    if not collections:
+                        del _by_stream[key]
+        finally:
+            _held.reset(token)
+
+
+def collection() -> list | None:
+    """The collection a capture in progress here reads for: this thread's, else the latest one
+    whose capture runs on the current CUDA stream (autograd's backward thread), else ``None``."""
+    held = _held.get()
+    if held is not None:
+        return held
+    key = _stream_key()
+    if key is None:
+        return None
+    with _by_stream_lock:
+        collections = _by_stream.get(key)
+        return collections[-1] if collections else None
 
 
 def hold(obj):
-    """``obj``, noted as read by the capture in progress (if any): the caller's thread's
-    collection, else (autograd's backward thread) every collection in progress."""
-    held = _held.get()
+    """``obj``, noted as read by the capture in progress (if any, :func:`collection`)."""
+    held = collection()
     if held is not None:
         held.append(obj)
-        return obj
-    with _in_progress_lock:
-        for collection in _in_progress.values():
-            collection.append(obj)
     return obj
-
-
-def collection_in_progress() -> bool:
-    """Whether some thread collects what a capture reads (:func:`collecting`)."""
-    return _held.get() is not None or bool(_in_progress)
 
 
 def capturing(t) -> bool:

@@ -344,10 +344,13 @@ def column_sum(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     with a row of ones, which reads it at the memory's speed where torch's reduction over rows did
     not (H100, [233K, 128]: 0.21 ms against 0.05; [2.45M, 64]: 0.30 against 0.22;
     benchmarks/results/h100/column_sum.json). 16-bit gradients keep the reduction, which sums them
-    into float32 (the GEMM would round its result to 16 bits), and small ones too, where the row
-    of ones would only add a kernel launch (the two took about the same time at [233K, 41])."""
+    into float32 (the GEMM would round its result to 16 bits), and so do small ones, where the
+    row of ones would only add a kernel launch (the two took about the same time at [233K, 41]),
+    strided ones (cuBLAS would get a copy), and any where float32 matmuls may run in TF32 (its
+    10-bit mantissa would lose the sum of a gradient whose entries cancel)."""
     if (g.is_cuda and g.dim() == 2 and g.numel() >= _COLUMN_SUM_GEMM_NUMEL and g.dtype == dtype == torch.float32
-            and not torch.is_autocast_enabled("cuda")):
+            and g.is_contiguous() and not torch.is_autocast_enabled("cuda")
+            and torch.get_float32_matmul_precision() == "highest" and not torch.backends.cuda.matmul.allow_tf32):
         return torch.mm(g.new_ones(1, g.shape[0]), g).squeeze(0)
     return g.sum(dim=0, dtype=dtype)
 
@@ -531,19 +534,26 @@ def _adjoint_over_live_rows(t_rowptr, t_col, t_values, t_plan, g, out_scale, row
 
     In a CUDA graph capture the restriction is the one the eager steps before it found (a
     captured step's warm-up), and a replay whose ``g`` has a non-zero row outside it overwrites
-    the result with the full product (the ``spmm_if`` op, which reads its flag on the device)."""
+    the result with the full product (the ``spmm_if`` op, which reads its flag on the device); an
+    eager CUDA product does the same with a restriction its last gradient fit, without a sync."""
     block_adaptive = t_plan is not None
     if capture_holds.capturing(g):
-        found = grad_rows.captured_restriction(t_rowptr, t_col, t_values, g, block_adaptive)
-        if found is None:
-            return full()
-        out = csr_product(*found[:3], g, out_scale, row_scale, diag, found[3])
-        torch.ops.fgplugin.spmm_if.default(found[4], t_rowptr, t_col, t_values, g, out_scale, row_scale, diag, out)
-        return out
-    restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)
+        restricted = grad_rows.captured_restriction(t_rowptr, t_col, t_values, g, block_adaptive)
+    else:
+        restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)
     if restricted is None:
         return full()
-    return csr_product(*restricted[:3], g, out_scale, row_scale, diag, restricted[3])
+    return _restricted_product(restricted, t_rowptr, t_col, t_values, g, out_scale, row_scale, diag)
+
+
+def _restricted_product(restricted: tuple, rowptr, col, values, x, row_scale, col_scale, diag) -> torch.Tensor:
+    """The product over the restricted CSR of ``restricted`` (fgplugin.grad_rows' ``(rowptr, col,
+    values, plan, outside)``), overwritten by the full CSR's where the device flag ``outside`` is
+    set (the ``spmm_if`` op; ``None``: the restriction was checked on the host)."""
+    out = csr_product(*restricted[:3], x, row_scale, col_scale, diag, restricted[3])
+    if restricted[4] is not None:
+        torch.ops.fgplugin.spmm_if.default(restricted[4], rowptr, col, values, x, row_scale, col_scale, diag, out)
+    return out
 
 
 def spmm_adjoint(adj: TiledAdjacency, g: torch.Tensor, row_scale=None, col_scale=None, diag=None) -> torch.Tensor:
@@ -585,8 +595,8 @@ def spmm_skipping_zero_rows(adj: TiledAdjacency, x: torch.Tensor, row_scale=None
         restricted = grad_rows.restricted(args.rowptr, args.col, args.values, live, block_adaptive)
     if restricted is None:
         return _cut(args.call(), features)
-    return _cut(csr_product(*restricted[:3], args.x, args.row_scale, args.col_scale, args.diag, restricted[3]),
-                features)
+    return _cut(_restricted_product(restricted, args.rowptr, args.col, args.values, args.x, args.row_scale,
+                                    args.col_scale, args.diag), features)
 
 
 def csr_product(rowptr, col, values, x, row_scale, col_scale, diag, plan=None, bias=None,

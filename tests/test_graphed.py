@@ -362,6 +362,27 @@ def test_the_graph_holds_its_restriction_after_eager_steps_evict_it(monkeypatch)
 
 
 @CUDA
+def test_a_hold_from_another_thread_on_the_capturing_stream_reaches_the_capture():
+    """Autograd runs a CUDA backward on a thread of its own, on the forward pass's stream: what a
+    captured backward product holds there goes to the capture's collection."""
+    import threading
+    from fgplugin import capture_holds
+    marker, holds, graph = object(), [], torch.cuda.CUDAGraph()
+    x = torch.zeros(4, device="cuda")
+    with torch.cuda.graph(graph):
+        stream = torch.cuda.current_stream()
+        with capture_holds.collecting(holds):
+            def hold_there():
+                with torch.cuda.stream(stream):
+                    capture_holds.hold(marker)
+            thread = threading.Thread(target=hold_there)
+            thread.start()
+            thread.join()
+            x.add_(1)
+    assert any(h is marker for h in holds)
+
+
+@CUDA
 def test_a_weighted_graph_is_captured():
     """Edge weights are checked for NaN with a host sync, once per weights (not inside the
     capture): a GCN on a weighted edge_index is captured and replays the eager steps."""
