@@ -19,20 +19,13 @@ product):
 - at most ``MAX_LIVE_FRACTION`` of ``G``'s rows are non-zero, first on a sample of
   ``SAMPLE_ROWS`` rows (so a dense gradient costs two tiny kernels and one host sync), then on
   all of them; a gradient as wide as the last one that used the structure's kept rows skips
-  the sample and is compared with those rows at once (one host sync in all; none on CUDA, below);
+  the sample and is compared with those rows at once (one host sync in all);
 - the structure has not seen ``MAX_MISSES`` new sets of non-zero rows in a row.
 
-On CUDA a restriction that the last gradient checked against it fit is used for the next
-gradient of its width without a host sync (:func:`_guarded_restriction`): a flag computed on the
-device runs the full product too where the gradient has rows outside it (the ``spmm_if`` op), and
-is read at a later call, when its kernels have run; a gradient that did not fit ends the trust
-(and counts as a miss), a dense one is noted as dense. A width seen dense is not sampled again
-for ``RECHECK_CALLS`` calls. So a training loop whose loss reads the same rows every step syncs
-here once, not every step.
-
 A backward product captured into a CUDA graph (``fgplugin.graphed_step``) cannot look at ``G``'s
-rows on the host either: it keeps to the restriction its warm-up used at ``G``'s width, with the
-same flag (:func:`captured_restriction`).
+rows on the host: it keeps to the restriction its warm-up used at ``G``'s width, and a flag
+computed on the device runs the full product too where ``G`` has rows outside it (the
+``spmm_if`` op; :func:`captured_restriction`).
 
 A restriction is built when a set of rows is seen for the first time (a pass over ``A^T``'s
 non-zeros and a kernel plan: 5-8 ms for the 75-200M non-zeros of the synthetic suite on an H100,
@@ -81,9 +74,9 @@ STALE_USES = 4
 # reddit-like's products are 20x that, the real graphs' at most 0.7x); 2-core CPU, about 0.15 ms
 # at 2**22.
 MIN_WORK = {"cuda": 1 << 28, "cpu": 1 << 22}
-# Calls of a structure for which a gradient width seen dense is not sampled again (each sample is
-# a host sync): about four training steps of a 2-layer model whose other layer restricts.
-RECHECK_CALLS = 8
+# Calls of a structure for which a gradient width seen dense is taken to belong to a layer whose
+# gradient is dense: about four training steps of a 2-layer model whose other layer restricts.
+DENSE_CALLS = 8
 # col of a restricted CSR (A^T's in the backward pass) -> its KeptSets of _Kept; entries go with the
 # structure they restrict.
 _restrictions: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -101,9 +94,6 @@ class _Kept:
     width: int = -1  # columns of the gradient that last used it
     plans: dict = field(default_factory=dict)  # (weighted, block-adaptive) -> kernel plan
     last_use: int = 0  # the structure's use count when it was last used
-    # whether the last gradient checked against it had no live row outside it (then the next one
-    # of its width uses it without a host sync: guarded_restriction)
-    trusted: bool = False
 
 
 @dataclass
@@ -123,28 +113,22 @@ class KeptSets:
     build_s: float = 0.0  # time spent building (timed_build)
     calls: int = 0  # products that asked for a restriction (restrict_to_live_rows)
     # gradient width -> ``calls`` when a gradient of that width was last seen with too many live
-    # rows. For RECHECK_CALLS calls after that, a gradient of that width is not sampled (a host
-    # sync), and neither a guarded nor a captured product of that width is restricted (a layer
-    # of that width whose gradient is dense shares the graph).
+    # rows: for DENSE_CALLS calls after that, a captured product of that width runs in full (a
+    # layer of that width whose gradient is dense shares the graph)
     dense_at: dict = field(default_factory=dict)
-    # (pinned host tensor [outside, live rows], CUDA event, kept restriction, width, rows) of the
-    # last guarded product, read once the event has passed (_settle)
-    pending: tuple | None = None
 
     def dense_lately(self, width: int) -> bool:
-        return self.calls - self.dense_at.get(width, -RECHECK_CALLS) < RECHECK_CALLS
+        return self.calls - self.dense_at.get(width, -DENSE_CALLS) < DENSE_CALLS
 
-    def record(self, item, built: bool, verified: bool = True) -> None:
-        """Counts a use of ``item`` (a kept one, or one just built) and moves it to the front;
-        ``verified``: whether the use was checked to fit (a guarded use is checked later)."""
+    def record(self, item, built: bool) -> None:
+        """Counts a use of ``item`` (a kept one, or one just built) and moves it to the front."""
         if built:
             self.misses = self.misses + 1 if self.kept else 0
             self.builds += 1
             del self.kept[(MAX_KEPT if self.max_kept is None else self.max_kept) - 1:]  # least recently used go
         else:
             self.hits += 1
-            if verified:
-                self.misses = 0
+            self.misses = 0
             self.kept.remove(item)
         self.kept.insert(0, item)
         self.uses += 1
@@ -180,10 +164,8 @@ def may_apply(nnz: int, width: int, device_type: str) -> bool:
 def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: bool):
     """``(rowptr, col, values, plan, outside)`` of the CSR ``(rowptr, col, values)`` restricted to
     the columns whose row of ``x`` is not zero, for the product with ``x``; or ``None`` when the
-    full product should run (see the module doc). ``outside`` is ``None`` where the rows were
-    compared on the host, else a flag on the device (a restriction trusted without a sync:
-    :func:`_guarded_restriction`) that the caller hands to the ``spmm_if`` op after the product,
-    which then overwrites it with the full one. In the backward pass of :func:`fgplugin.spmm` the
+    full product should run (see the module doc); ``outside`` is ``None`` (the rows were compared
+    on the host; :func:`captured_restriction` gives a device flag there). In the backward pass of :func:`fgplugin.spmm` the
     CSR is ``A^T`` and ``x`` the output gradient. ``block_adaptive``: whether the full product
     runs the block-adaptive kernel (else the restriction runs the plain one too). The restriction's plan puts
     every entry in the remainder pass: leaving out most columns leaves few tiles dense."""
@@ -192,18 +174,11 @@ def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: 
     n, width = x.shape
     entry = _entry(col)
     entry.calls += 1
-    _settle(entry)
     if entry.misses >= MAX_MISSES:
         return None
-    if x.is_cuda:
-        guarded = _guarded_restriction(entry, rowptr, col, values, x, block_adaptive)
-        if guarded is not None:
-            return guarded
     # The sample costs a host sync; a gradient as wide as one that used a kept restriction is
     # taken to come from the same layer, and goes straight to the comparison.
     if not any(kept.width == width for kept in entry.kept):
-        if entry.dense_lately(width):
-            return None
         step = max(n // SAMPLE_ROWS, 1)
         if float(nonzero_rows(x[::step]).float().mean()) > MAX_LIVE_FRACTION:  # one host sync
             entry.dense_at[width] = entry.calls
@@ -214,55 +189,6 @@ def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: 
         entry.dense_at[width] = entry.calls
         return None
     return (*_restricted(entry, rowptr, col, values, live, block_adaptive, match, width, x), None)
-
-
-def _settle(entry: KeptSets) -> None:
-    """Reads what the last guarded product found once its kernels have run (no sync): a dense
-    gradient is noted as such (another layer of the restriction's width); one with live rows
-    outside the restriction counts as a miss and ends the restriction's trust."""
-    if entry.pending is None or not entry.pending[1].query():
-        return
-    found, _, kept, width, n = entry.pending
-    entry.pending = None
-    outside, live_rows = found.tolist()
-    if live_rows > MAX_LIVE_FRACTION * n:
-        entry.dense_at[width] = entry.calls
-    elif outside:
-        kept.trusted = False
-        entry.misses += 1
-    else:
-        entry.misses = 0
-
-
-def settle_all() -> None:
-    """Reads what every structure's last guarded product found (after a device synchronize: so
-    that a capture, which must not sync, starts from what the eager steps before it saw)."""
-    for entry in list(_restrictions.values()):
-        _settle(entry)
-
-
-def _guarded_restriction(entry: KeptSets, rowptr, col, values, x: torch.Tensor, block_adaptive: bool):
-    """``(rowptr, col, values, plan, outside)`` for an eager CUDA product, without a host sync:
-    the one restriction of ``x``'s width, trusted since the last gradient checked against it fit,
-    and ``outside``, a flag on the device that the caller hands to ``spmm_if`` (which then runs
-    the full product too) and that :func:`_settle` reads at a later call; else ``None``."""
-    n, width = x.shape
-    candidates = [k for k in entry.kept if k.width == width]
-    if len(candidates) != 1 or not candidates[0].trusted or entry.dense_lately(width):
-        return None
-    kept = candidates[0]
-    live = nonzero_rows(x)
-    outside = torch.logical_and(live, kept.live.logical_not()).any()
-    found = torch.empty(2, dtype=torch.long, pin_memory=True)
-    found.copy_(torch.stack([outside.long(), live.sum()]), non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    entry.pending = (found, event, kept, width, n)
-    entry.record(kept, built=False, verified=False)
-    plan = restriction_plan(kept.plans, kept.rowptr, kept.col, (rowptr.numel() - 1, kept.live.numel()),
-                            weighted=values is not None, block_adaptive=block_adaptive, timed_by=entry)
-    kept_values = None if values is None else values.index_select(0, kept.keep)
-    return kept.rowptr, kept.col, kept_values, plan, outside
 
 
 def _may_restrict(col: torch.Tensor, x: torch.Tensor) -> bool:
@@ -286,7 +212,7 @@ def captured_restriction(rowptr, col, values, x: torch.Tensor, block_adaptive: b
     Only an unambiguous restriction is handed out: none where the eager path gave up on the
     structure (``MAX_MISSES``), where the kept restrictions hold two of this width (two layers of
     one width sharing the graph: which is whose is not known here), or where a gradient of this
-    width was seen dense within the last ``RECHECK_CALLS`` calls (a layer of that width whose
+    width was seen dense within the last ``DENSE_CALLS`` calls (a layer of that width whose
     gradient is dense shares the graph)."""
     if not (_may_restrict(col, x) and collection() is not None):
         return None
@@ -336,7 +262,6 @@ def _restricted(entry: KeptSets, rowptr, col, values, live, block_adaptive: bool
         with timed_build(entry, live.device):
             kept = _Kept(live, *restrict_columns(rowptr, col, live))
     entry.record(kept, built)
-    kept.trusted = True  # matched exactly, or built for these rows
     if width >= 0:
         kept.width = width
     if x is not None and x.is_cuda:

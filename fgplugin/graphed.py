@@ -59,7 +59,7 @@ from typing import Callable
 
 import torch
 
-from . import autotune, capture_holds, grad_rows
+from . import autotune, capture_holds
 
 
 class GraphedStepWarning(RuntimeWarning):
@@ -144,10 +144,6 @@ class _GraphedStep:
             for _ in range(steps):
                 loss = self.eager()
         torch.cuda.current_stream(self.device).wait_stream(side)
-        # what the warm-up's guarded backward products found, read before a capture (which
-        # must not sync; fgplugin.grad_rows)
-        torch.cuda.synchronize(self.device)
-        grad_rows.settle_all()
         return loss
 
     # ------------------------------------------------------------------ the captured step

@@ -25,20 +25,6 @@ def skipping_on(monkeypatch):
     fgplugin.set_row_skipping(previous)
 
 
-@pytest.fixture
-def synced(monkeypatch):
-    """Every restriction checked on the host, as on the CPU: on CUDA a restriction that the last
-    gradient fit is otherwise used without a sync (guarded), which these counts do not follow."""
-    monkeypatch.setattr(grad_rows, "_guarded_restriction", lambda *args: None)
-
-
-def settled(device):
-    """What the guarded products found, read (as graphed_step does before a capture)."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-        grad_rows.settle_all()
-
-
 def case_and_adj(device, weighted=False, seed=0):
     case = clustered_case(seed, weighted=weighted) if weighted else random_graph_case(seed, avg_degree=12.0)
     return case, case.adjacency().to(device)
@@ -95,7 +81,7 @@ def test_same_as_full_product(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_new_rows_rebuild_then_give_up(device, synced):
+def test_new_rows_rebuild_then_give_up(device):
     case, adj = case_and_adj(device)
     n = adj.shape[0]
     for call in range(grad_rows.MAX_MISSES + 2):
@@ -108,7 +94,7 @@ def test_new_rows_rebuild_then_give_up(device, synced):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_layers_sharing_a_graph_keep_a_restriction_each(device, synced):
+def test_layers_sharing_a_graph_keep_a_restriction_each(device):
     """Two backward products per step on one graph with different live rows (the last two layers
     of a 3-layer GCN: the loss rows, then their neighbours): each keeps its restriction, so after
     the first step every call is a hit instead of a rebuild that soon turns the skipping off; the
@@ -134,7 +120,7 @@ def test_layers_sharing_a_graph_keep_a_restriction_each(device, synced):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_restriction_unused_for_a_while_is_dropped(device, synced):
+def test_a_restriction_unused_for_a_while_is_dropped(device):
     """The first step's first-layer gradient (before the input cache holds that layer's
     aggregation) is not seen again: its restriction goes after STALE_USES products without it."""
     case, adj = case_and_adj(device)
@@ -410,7 +396,6 @@ def test_a_captured_product_gets_the_warm_up_restriction_with_its_guard(device):
             assert captured(torch.zeros(n, 16, device=device)) is None  # no restriction at this width
     dense, _ = row_sparse(n, 8, 1.0, seed=23, device=device)
     x_grad(adj, dense, norm=False)  # a dense gradient of the same width: another layer may share it
-    settled(device)
     with torch.no_grad(), capture_holds.collecting([]):
         assert captured(grad) is None
 
@@ -447,71 +432,3 @@ def test_holds_go_to_this_threads_collection_and_nest():
         capture_holds.hold(inner)
     assert not any(h is marker for h in held) and sum(h is inner for h in held) == 2
     assert capture_holds.collection() is None
-
-
-def test_a_dense_width_is_not_sampled_again_for_a_while(monkeypatch):
-    """Sampling a gradient's rows is a host sync: a width found dense is not sampled again for
-    RECHECK_CALLS calls (then it is, in case the gradient turned row-sparse)."""
-    _, adj = case_and_adj("cpu")
-    samples = []
-    nonzero_rows = grad_rows.nonzero_rows
-    monkeypatch.setattr(grad_rows, "nonzero_rows", lambda x: samples.append(x.shape[0]) or nonzero_rows(x))
-    dense, _ = row_sparse(adj.shape[0], 8, 1.0, seed=26, device="cpu")
-    for _ in range(grad_rows.RECHECK_CALLS):
-        x_grad(adj, dense, norm=False)
-    assert len(samples) == 1
-    x_grad(adj, dense, norm=False)
-    assert len(samples) == 2
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the guarded path reads its flag through CUDA events")
-def test_a_trusted_restriction_runs_without_a_host_sync():
-    """A gradient with the rows of the last one takes the restriction without a sync (its fit is
-    checked on the device, and the full product runs only where it does not fit)."""
-    case, adj = case_and_adj("cuda")
-    grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=27, device="cuda")
-    x_grad(adj, grad, norm=False)
-    x = torch.randn(adj.shape[1], 8, device="cuda", requires_grad=True)
-    out = fgplugin.spmm(adj, x)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        got = torch.autograd.grad(out, x, grad)[0]
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert rel_error(got, reference(case, adj, grad, None)) <= TOL
-    assert grad_rows.stats(transposed_col(adj))["hits"] == 1
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the guarded path reads its flag through CUDA events")
-def test_rows_outside_a_trusted_restriction_get_the_full_product_then_a_new_restriction():
-    case, adj = case_and_adj("cuda")
-    n = adj.shape[0]
-    first, _ = row_sparse(n, 8, 0.1, seed=28, device="cuda")
-    second, _ = row_sparse(n, 8, 0.1, seed=29, device="cuda")
-    x_grad(adj, first, norm=False)
-    out, _ = x_grad(adj, second, norm=False)  # guarded: the full product overwrites the restricted one
-    assert rel_error(out, reference(case, adj, second, None)) <= TOL
-    assert grad_rows.stats(transposed_col(adj))["builds"] == 1
-    settled("cuda")  # the miss is read: the restriction is no longer trusted
-    out, _ = x_grad(adj, second, norm=False)
-    assert rel_error(out, reference(case, adj, second, None)) <= TOL
-    stats = grad_rows.stats(transposed_col(adj))
-    assert stats["builds"] == 2 and stats["misses"] == 2
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the guarded path reads its flag through CUDA events")
-def test_a_dense_gradient_through_a_guarded_product_is_noted():
-    """A dense gradient as wide as a trusted restriction (another layer of that width) is right
-    through the guarded product and noted as dense: products of that width are checked on the
-    host again for a while."""
-    case, adj = case_and_adj("cuda")
-    n = adj.shape[0]
-    sparse, _ = row_sparse(n, 8, 0.1, seed=30, device="cuda")
-    dense, _ = row_sparse(n, 8, 1.0, seed=31, device="cuda")
-    x_grad(adj, sparse, norm=False)
-    out, _ = x_grad(adj, dense, norm=False)
-    assert rel_error(out, reference(case, adj, dense, None)) <= TOL
-    settled("cuda")
-    entry = grad_rows._restrictions[transposed_col(adj)]
-    assert entry.dense_lately(8) and entry.misses == 0
