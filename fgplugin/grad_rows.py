@@ -164,11 +164,12 @@ def may_apply(nnz: int, width: int, device_type: str) -> bool:
 def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: bool):
     """``(rowptr, col, values, plan, outside)`` of the CSR ``(rowptr, col, values)`` restricted to
     the columns whose row of ``x`` is not zero, for the product with ``x``; or ``None`` when the
-    full product should run (see the module doc); ``outside`` is ``None`` (the rows were compared
-    on the host; :func:`captured_restriction` gives a device flag there). In the backward pass of :func:`fgplugin.spmm` the
-    CSR is ``A^T`` and ``x`` the output gradient. ``block_adaptive``: whether the full product
-    runs the block-adaptive kernel (else the restriction runs the plain one too). The restriction's plan puts
-    every entry in the remainder pass: leaving out most columns leaves few tiles dense."""
+    full product should run (see the module doc). ``outside`` is ``None``: the rows were compared
+    on the host (:func:`captured_restriction` gives a device flag there). In the backward pass of
+    :func:`fgplugin.spmm` the CSR is ``A^T`` and ``x`` the output gradient. ``block_adaptive``:
+    whether the full product runs the block-adaptive kernel (else the restriction runs the plain
+    one too). The restriction's plan puts every entry in the remainder pass: leaving out most
+    columns leaves few tiles dense."""
     if not _may_restrict(col, x) or capturing(x):  # finding the live rows syncs: see captured_restriction
         return None
     n, width = x.shape
