@@ -340,13 +340,15 @@ def test_spmm_if_writes_the_product_only_when_its_flag_is_set(device, weighted):
     x = torch.randn(adj.shape[1], 24, device=device)
     rowptr, col, values = ops._adjacency_args(adj, torch.float32, False)[:3]
     untouched = torch.full((adj.shape[0], 24), 7.0, device=device)
-    for flag in (False, True):
-        out = untouched.clone()
-        torch.ops.fgplugin.spmm_if(torch.tensor(flag, device=device), rowptr, col, values, x, r, c, d, out)
-        if flag:
-            assert rel_error(out, dense_spmm(case.dense(), x.double(), r, c, d)) <= TOL
-        else:
-            assert torch.equal(out, untouched)
+    from fgplugin.reference import spmm_if_reference  # what runs without the compiled kernels
+    for op in (torch.ops.fgplugin.spmm_if, spmm_if_reference):
+        for flag in (False, True):
+            out = untouched.clone()
+            op(torch.tensor(flag, device=device), rowptr, col, values, x, r, c, d, out)
+            if flag:
+                assert rel_error(out, dense_spmm(case.dense(), x.double(), r, c, d)) <= TOL
+            else:
+                assert torch.equal(out, untouched)
     with pytest.raises(RuntimeError, match="flag must be one bool"):
         torch.ops.fgplugin.spmm_if(torch.tensor(1, device=device), rowptr, col, values, x, r, c, d, out)
     flag = torch.tensor(True, device=device)
