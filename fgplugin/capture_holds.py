@@ -63,6 +63,8 @@ def collection() -> list | None:
     held = _held.get()
     if held is not None:
         return held
+    if not _by_stream:  # no capture collects anywhere: the eager calls' case, without the stream query
+        return None
     key = _stream_key()
     if key is None:
         return None
