@@ -162,14 +162,13 @@ def may_apply(nnz: int, width: int, device_type: str) -> bool:
 
 
 def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: bool):
-    """``(rowptr, col, values, plan, outside)`` of the CSR ``(rowptr, col, values)`` restricted to
-    the columns whose row of ``x`` is not zero, for the product with ``x``; or ``None`` when the
-    full product should run (see the module doc). ``outside`` is ``None``: the rows were compared
-    on the host (:func:`captured_restriction` gives a device flag there). In the backward pass of
-    :func:`fgplugin.spmm` the CSR is ``A^T`` and ``x`` the output gradient. ``block_adaptive``:
-    whether the full product runs the block-adaptive kernel (else the restriction runs the plain
-    one too). The restriction's plan puts every entry in the remainder pass: leaving out most
-    columns leaves few tiles dense."""
+    """``(rowptr, col, values, plan)`` of the CSR ``(rowptr, col, values)`` restricted to the
+    columns whose row of ``x`` is not zero, for the product with ``x``; or ``None`` when the full
+    product should run (see the module doc). In the backward pass of :func:`fgplugin.spmm` the
+    CSR is ``A^T`` and ``x`` the output gradient. ``block_adaptive``: whether the full product
+    runs the block-adaptive kernel (else the restriction runs the plain one too). The
+    restriction's plan puts every entry in the remainder pass: leaving out most columns leaves few
+    tiles dense."""
     if not _may_restrict(col, x) or capturing(x):  # finding the live rows syncs: see captured_restriction
         return None
     n, width = x.shape
@@ -189,7 +188,7 @@ def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: 
     if match is None and int(live.sum()) > MAX_LIVE_FRACTION * n:
         entry.dense_at[width] = entry.calls
         return None
-    return (*_restricted(entry, rowptr, col, values, live, block_adaptive, match, width, x), None)
+    return _restricted(entry, rowptr, col, values, live, block_adaptive, match, width, x)
 
 
 def _may_restrict(col: torch.Tensor, x: torch.Tensor) -> bool:
@@ -233,11 +232,11 @@ def captured_restriction(rowptr, col, values, x: torch.Tensor, block_adaptive: b
 
 
 def restricted(rowptr, col, values, live: torch.Tensor, block_adaptive: bool):
-    """``(rowptr, col, values, plan, None)`` of the CSR restricted to the columns where ``live`` (a
+    """``(rowptr, col, values, plan)`` of the CSR restricted to the columns where ``live`` (a
     bool mask, one entry per column) is true, kept per structure (keyed by ``col``) and reused
     while the mask stays the same; the caller decided that restricting pays."""
     entry = _entry(col)
-    return (*_restricted(entry, rowptr, col, values, live, block_adaptive, _match(entry, live), -1, None), None)
+    return _restricted(entry, rowptr, col, values, live, block_adaptive, _match(entry, live), -1, None)
 
 
 def _entry(col: torch.Tensor) -> KeptSets:

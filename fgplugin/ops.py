@@ -534,26 +534,20 @@ def _adjoint_over_live_rows(t_rowptr, t_col, t_values, t_plan, g, out_scale, row
 
     In a CUDA graph capture the restriction is the one the eager steps before it found (a
     captured step's warm-up), and a replay whose ``g`` has a non-zero row outside it overwrites
-    the result with the full product (the ``spmm_if`` op, which reads its flag on the device); an
-    eager CUDA product does the same with a restriction its last gradient fit, without a sync."""
+    the result with the full product (the ``spmm_if`` op, which reads its flag on the device)."""
     block_adaptive = t_plan is not None
     if capture_holds.capturing(g):
-        restricted = grad_rows.captured_restriction(t_rowptr, t_col, t_values, g, block_adaptive)
-    else:
-        restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)
+        captured = grad_rows.captured_restriction(t_rowptr, t_col, t_values, g, block_adaptive)
+        if captured is None:
+            return full()
+        *restricted, outside = captured
+        out = csr_product(*restricted[:3], g, out_scale, row_scale, diag, restricted[3])
+        torch.ops.fgplugin.spmm_if.default(outside, t_rowptr, t_col, t_values, g, out_scale, row_scale, diag, out)
+        return out
+    restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)
     if restricted is None:
         return full()
-    return _restricted_product(restricted, t_rowptr, t_col, t_values, g, out_scale, row_scale, diag)
-
-
-def _restricted_product(restricted: tuple, rowptr, col, values, x, row_scale, col_scale, diag) -> torch.Tensor:
-    """The product over the restricted CSR of ``restricted`` (fgplugin.grad_rows' ``(rowptr, col,
-    values, plan, outside)``), overwritten by the full CSR's where the device flag ``outside`` is
-    set (the ``spmm_if`` op; ``None``: the restriction was checked on the host)."""
-    out = csr_product(*restricted[:3], x, row_scale, col_scale, diag, restricted[3])
-    if restricted[4] is not None:
-        torch.ops.fgplugin.spmm_if.default(restricted[4], rowptr, col, values, x, row_scale, col_scale, diag, out)
-    return out
+    return csr_product(*restricted[:3], g, out_scale, row_scale, diag, restricted[3])
 
 
 def spmm_adjoint(adj: TiledAdjacency, g: torch.Tensor, row_scale=None, col_scale=None, diag=None) -> torch.Tensor:
@@ -595,8 +589,8 @@ def spmm_skipping_zero_rows(adj: TiledAdjacency, x: torch.Tensor, row_scale=None
         restricted = grad_rows.restricted(args.rowptr, args.col, args.values, live, block_adaptive)
     if restricted is None:
         return _cut(args.call(), features)
-    return _cut(_restricted_product(restricted, args.rowptr, args.col, args.values, args.x, args.row_scale,
-                                    args.col_scale, args.diag), features)
+    return _cut(csr_product(*restricted[:3], args.x, args.row_scale, args.col_scale, args.diag, restricted[3]),
+                features)
 
 
 def csr_product(rowptr, col, values, x, row_scale, col_scale, diag, plan=None, bias=None,
