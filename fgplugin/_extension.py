@@ -58,6 +58,7 @@ class ExtensionStatus:
     cuda: bool = False  # ... including the CUDA kernels
     reason: str = ""  # why not (empty when everything built)
     build_dir: str | None = None
+    module: object = None  # the extension as a Python module: its KeptSpmm (csrc/kept_call.cpp)
 
 
 status = ExtensionStatus()
@@ -124,7 +125,8 @@ def openmp_flags() -> list[str]:
     return ["-fopenmp"] if "OpenMP" in torch.__config__.parallel_info() and sys.platform == "linux" else []
 
 
-def _build_and_load(with_cuda: bool) -> str:
+def _build_and_load(with_cuda: bool) -> tuple[str, object]:
+    """(the build folder, the loaded extension module)."""
     from torch.utils import cpp_extension
 
     flavour = f"cu{torch.version.cuda}" if with_cuda else "cpu"
@@ -146,7 +148,7 @@ def _build_and_load(with_cuda: bool) -> str:
             # torch's own lock file of a build that was killed would make this wait forever: holding
             # ours, no other fgplugin process is building here, so any such file is stale.
             (build_dir / "lock").unlink(missing_ok=True)
-            cpp_extension.load(
+            module = cpp_extension.load(
                 name=name,
                 sources=[str(p) for p in _sources(with_cuda)],
                 extra_cflags=["-O3", *openmp_flags()],
@@ -154,13 +156,13 @@ def _build_and_load(with_cuda: bool) -> str:
                 extra_cuda_cflags=["-O3", "-lineinfo"],
                 with_cuda=with_cuda,
                 build_directory=str(build_dir),
-                is_python_module=False,
+                is_python_module=True,  # the ops register on import; the module adds KeptSpmm
                 verbose=verbose,
             )
     finally:
         if with_cuda and saved_arch is None:
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-    return str(build_dir)
+    return str(build_dir), module
 
 
 @contextlib.contextmanager
@@ -189,7 +191,7 @@ def load() -> ExtensionStatus:
         return status
     with_cuda, why_no_cuda = cuda_build_plan()
     try:
-        status.build_dir = _build_and_load(with_cuda)
+        status.build_dir, status.module = _build_and_load(with_cuda)
     except Exception as error:  # a failed build must leave fgplugin usable on the reference path
         status.reason = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
         warnings.warn(

@@ -224,8 +224,21 @@ class PreparedCall(NamedTuple):
         return run_spmm(_MAKE_OP_ARGS(args), True, self.route)
 
 
+def prepared_call(args: OpArgs, pad: int, route, diag):
+    """The kept form of a decided call (``args``, ``x`` padded by ``pad`` columns, run by
+    ``route``; ``diag`` as the caller gave it): the extension's ``KeptSpmm`` (csrc/kept_call.cpp,
+    which passes the kept arguments on in C++) for the routes it runs and a diagonal that comes as
+    a tensor or not at all, else a :class:`PreparedCall`. Both are called alike."""
+    module = _extension.status.module
+    if (module is not None and route in (_run_below_autograd, _run_wrt_x)
+            and (diag is None or isinstance(diag, torch.Tensor))):
+        return module.KeptSpmm(*args[:3], *args[7:14], args.width, pad, route is _run_wrt_x)
+    return PreparedCall(args[:3], args[7:14], args.width, pad, route)
+
+
 def run_spmm(args: OpArgs, needs_grad: bool | None = None, route=None) -> torch.Tensor:
-    """The op on ``args``: every product of this module goes through here. ``needs_grad``: whether
+    """The op on ``args``: every product of this module goes through here, but a kept call's
+    that the extension's ``KeptSpmm`` runs (:func:`prepared_call`). ``needs_grad``: whether
     autograd must record the call, if the caller knows (else it is found out); ``route``: how
     to run it in plain eager mode, where a kept call (:class:`PreparedCall`) knows.
 
@@ -475,7 +488,7 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     args, needs_grad = _product_args(adj, x, *checked, with_transpose, checked_bias, checked_width)
     if not repeated_calls.context_allows(x):
         return args.call(needs_grad)
-    prepared = PreparedCall(args[:3], args[7:14], args.width, args.x.shape[1] - x.shape[1], eager_route(args, needs_grad))
+    prepared = prepared_call(args, args.x.shape[1] - x.shape[1], eager_route(args, needs_grad), diag)
     repeated_calls.keep(adj, x, row_scale, col_scale, diag, bias, width, prepared, (*checked, checked_bias))
     return prepared(adj, x, *checked, checked_bias)
 

@@ -8,9 +8,10 @@ and autograd node included, takes 9 us. Those depend only on what a training loo
 unchanged from one step to the next: the adjacency, the scale and bias tensors (by identity), x's
 dtype, shape and device, whether a gradient is wanted, the switches of fgplugin.config and the
 edge values' version. So :func:`fgplugin.spmm` keeps, per adjacency and per such key, the
-decided call (``fgplugin.ops.PreparedCall``: the op's arguments but ``x``, the scales, diagonal
-and bias, the columns to pad ``x`` with, and how to run the op), and a later call with the same
-key runs it at once. Module constants that steer a decision (the work floors of the zero-row
+decided call (the op's arguments but ``x``, the scales, diagonal and bias, the columns to pad
+``x`` with, and how to run the op: the extension's ``KeptSpmm``, which runs it from C++, or
+``fgplugin.ops.PreparedCall``; ``fgplugin.ops.prepared_call`` picks), and a later call with the
+same key runs it at once. Module constants that steer a decision (the work floors of the zero-row
 skipping and of the padding) count when a call is first decided.
 
 Only calls in plain eager mode are kept or reused, with no autocast, forward-mode AD, CUDA graph
@@ -27,7 +28,7 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.autograd.forward_ad
+from torch.autograd import forward_ad as _forward_ad
 
 from .autotune import in_captured_step
 from .capture_holds import capturing, collecting_holds
@@ -106,9 +107,11 @@ def _keyable(row_scale, col_scale, diag, bias) -> bool:
 
 def context_allows(x: torch.Tensor) -> bool:
     """Whether this call's context lets a call be kept or reused (see the module doc)."""
-    return (plain_eager(x) and not torch._C._is_any_autocast_enabled()
-            and torch.autograd.forward_ad._current_level < 0 and not in_captured_step() and not collecting_holds()
-            and not capturing(x))
+    return (plain_eager(x) and not _any_autocast() and _forward_ad._current_level < 0 and not in_captured_step()
+            and not collecting_holds() and not capturing(x))
+
+
+_any_autocast = torch._C._is_any_autocast_enabled
 
 
 def _need_grads(values, row_scale, col_scale, diag) -> bool:

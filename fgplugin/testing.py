@@ -162,3 +162,16 @@ def graph_cases() -> list[GraphCase]:
 
 
 GRAPH_CASE_NAMES = tuple(case.name for case in graph_cases())
+
+
+def record_spmm_widths(monkeypatch) -> list[int]:
+    """Makes every product of fgplugin's spmm op append the column count of the ``x`` it
+    multiplies (after any padding) to the returned list, for the rest of a test (``monkeypatch``:
+    pytest's fixture). Repeated calls are then not kept: a kept call runs the op from C++, past
+    this hook on :func:`fgplugin.ops.run_spmm`."""
+    from . import ops, repeated_calls
+
+    widths, run_spmm = [], ops.run_spmm
+    monkeypatch.setattr(repeated_calls, "context_allows", lambda x: False)
+    monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
+    return widths

@@ -28,7 +28,7 @@ from fgplugin.config import set_wgmma
 from fgplugin.kernel_plan import build_kernel_plan
 from fgplugin.tiling import TiledAdjacency
 
-from fgplugin.testing import clustered_case, dense_spmm, graph_cases, random_graph_case, rel_error
+from fgplugin.testing import clustered_case, dense_spmm, graph_cases, random_graph_case, record_spmm_widths, rel_error
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (block-adaptive kernel)")
 requires_kernel = pytest.mark.skipif(
@@ -437,8 +437,7 @@ def test_gcn_layer_pads_the_weight_on_cuda(dtype, pad, monkeypatch):
 
     if pad:
         monkeypatch.setattr(ops, "PAD_MIN_WORK", 0)
-    widths, run_spmm = [], ops.run_spmm
-    monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
+    widths = record_spmm_widths(monkeypatch)
     case = clustered_case(2, n_src=3000, max_hub_edges=900)
     edge_index = case.edge_index.cuda()
     torch.manual_seed(0)

@@ -17,6 +17,7 @@ except ImportError as err:  # CI installs DGL: there a broken shim must fail, no
 
 import fgplugin  # noqa: E402
 from fgplugin.dgl._import_shim import graphbolt_needs_shim  # noqa: E402
+from fgplugin.testing import record_spmm_widths  # noqa: E402
 
 dgl = fd.import_dgl()
 import dgl.nn as dgl_nn  # noqa: E402
@@ -150,11 +151,10 @@ def test_graphconv_pads_the_weight_not_the_features(case, monkeypatch):
     """Where the kernel wants wider rows (on CUDA 3 -> 4 columns at fp32), W gets the zero
     columns, so the SpMM runs on X W as it comes; forced here on the CPU: the SpMM sees 4
     columns, and outputs and gradients match stock (with and without bias, 2-D and 3-D)."""
-    from fgplugin import aggregation, ops
+    from fgplugin import aggregation
 
     monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device, nnz=None: features + -features % 4)
-    widths, run_spmm = [], ops.run_spmm
-    monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
+    widths = record_spmm_widths(monkeypatch)
     graph = graph_case(case)
     weight = torch.rand(graph.num_edges()) + 0.1
     for feat, options in [(torch.randn(graph.num_src_nodes(), 5), {}),
@@ -246,11 +246,10 @@ def test_constant_input_aggregation_is_kept(layer, case, monkeypatch):
     """fgplugin.input_cache: from the third call on a constant input runs no SpMM, and five Adam
     steps give the stock layer's outputs and weights; new edge weights are seen."""
     import fgplugin
-    from fgplugin import input_cache, ops
+    from fgplugin import input_cache
 
     graph = graph_case(case)
-    widths, run_spmm = [], ops.run_spmm
-    monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
+    widths = record_spmm_widths(monkeypatch)
     make = {"GraphConv-wide": lambda: make_pair("GraphConv", 6, 3, norm="both", allow_zero_in_degree=True),
             "GraphConv-narrow": lambda: make_pair("GraphConv", 6, 9, norm="right", allow_zero_in_degree=True),
             "SAGEConv": lambda: make_pair("SAGEConv", 6, 3, "mean"),

@@ -396,9 +396,9 @@ def test_dist_gcn_pads_the_weight_not_the_features(bias, monkeypatch):
     """Where the SpMM wants wider rows (on CUDA 6 -> 8 columns at fp32), DistGCN pads W, so the
     SpMM runs on H W as it comes; forced here on the CPU: the SpMM sees 8 columns, and outputs and
     gradients equal those of the unpadded model."""
-    from fgplugin import aggregation, ops
+    from fgplugin import aggregation
     from fgplugin.distributed import train
-    from fgplugin.testing import random_graph_case, rel_error
+    from fgplugin.testing import random_graph_case, record_spmm_widths, rel_error
 
     case = random_graph_case(4, n_src=300, avg_degree=6)
     graph = Aggregation.of(TiledAdjacency.from_edge_index(case.edge_index, case.num_nodes))
@@ -408,8 +408,7 @@ def test_dist_gcn_pads_the_weight_not_the_features(bias, monkeypatch):
 
     monkeypatch.setattr(fgplugin.config.settings, "input_cache", False)  # layer 1 aggregates x W every call, padded
     plain, plain_grads = _output_and_grads(model, graph, x)
-    widths, run_spmm = [], ops.run_spmm
-    monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
+    widths = record_spmm_widths(monkeypatch)
     monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device, nnz=None: features + -features % 4)
     padded, padded_grads = _output_and_grads(model, graph, x)
     assert 8 in widths and 12 in widths  # both layers' products ran on padded widths (10 -> 12, 6 -> 8)

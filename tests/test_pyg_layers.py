@@ -19,6 +19,7 @@ import fgplugin.pyg as fp  # noqa: E402
 from fgplugin.pyg import _graph  # noqa: E402
 from fgplugin.aggregation import Aggregation  # noqa: E402
 from fgplugin.pyg._layer import FgpluginLayer  # noqa: E402
+from fgplugin.testing import record_spmm_widths  # noqa: E402
 from torch._dynamo.testing import CompileCounter  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Converting sparse tensor to CSR format")
@@ -178,11 +179,10 @@ def test_gcn_pads_the_weight_not_the_features(kind, bias, monkeypatch, fgplugin_
     """Where the kernel wants wider rows (on CUDA 6 -> 8 columns at fp32), W gets the zero
     rows, so the SpMM runs on X W as it comes; forced here on the CPU: the SpMM sees 8 columns,
     and outputs and gradients (x, W, bias, edge weights) match stock, the output contiguous."""
-    from fgplugin import aggregation, ops
+    from fgplugin import aggregation
 
     monkeypatch.setattr(aggregation, "padded_width", lambda features, dtype, device, nnz=None: features + -features % 4)
-    widths, run_spmm = [], ops.run_spmm
-    monkeypatch.setattr(ops, "run_spmm", lambda args, *more: widths.append(args.x.shape[1]) or run_spmm(args, *more))
+    widths = record_spmm_widths(monkeypatch)
     ei, w, n = graph_case("messy")
     stock, ours = make_pair("gcn", lambda cls: cls(8, 6, bias=bias))
     w_s, w_o = w.clone().requires_grad_(), w.clone().requires_grad_()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fgplugin
-from fgplugin import repeated_calls
+from fgplugin import _extension, ops, repeated_calls
 from fgplugin.config import settings
 from fgplugin.testing import dense_spmm, graph_cases, random_graph_case, rel_error
 
@@ -83,6 +83,54 @@ def test_scales_or_values_that_need_a_gradient_get_it():
     out = fgplugin.spmm(adj, x, r, c, d)
     out.backward(g)
     assert adj.values.grad is not None and adj.values.grad.abs().sum() > 0
+
+
+@pytest.mark.skipif(not _extension.status.loaded, reason="KeptSpmm is the compiled extension's (no extension here)")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bias_grad", [None, False, True])
+def test_a_kept_call_runs_in_cpp_where_it_can(device, bias_grad):
+    """A repeated call that runs below autograd or needs x's gradient (and the bias's) is the
+    extension's KeptSpmm; its result and gradients (x, bias) match float64; a float diagonal keeps the Python
+    form (it is made into a vector per call)."""
+    case, adj = _case(device)
+    r, c, d = adj.norm("gcn", dtype=torch.float32)
+    bias = None if bias_grad is None else torch.randn(5, device=device, requires_grad=bias_grad)
+    for grad in (False, True):
+        x = torch.randn(adj.shape[1], 7, device=device, requires_grad=grad)
+        fgplugin.spmm(adj, x, r, c, d, bias=bias, width=5)
+        found = repeated_calls.find(adj, x, r, c, d, bias, 5)
+        if bias_grad and not grad:  # a gradient for the bias alone: the Python node's (not x's alone)
+            assert isinstance(found, ops.PreparedCall)
+        else:
+            assert type(found) is _extension.status.module.KeptSpmm and found.wrt_x == grad and found.width == 5
+        out = fgplugin.spmm(adj, x, r, c, d, bias=bias, width=5)
+        assert rel_error(out, _reference(case.dense(), x, r, c, d, bias, 5)) <= 1e-5
+        assert out.requires_grad == (grad or bool(bias_grad))
+        if grad:
+            g = torch.randn_like(out)
+            out.backward(g)
+            ref_x = dense_spmm(case.dense().t(), g.cpu().double(), c.cpu(), r.cpu(), d.cpu())
+            assert rel_error(x.grad[:, :5], ref_x) <= 1e-5 and x.grad[:, 5:].abs().max() == 0
+            if bias_grad:
+                assert rel_error(bias.grad, g.sum(0)) <= 1e-5
+    x = torch.randn(adj.shape[1], 3, device=device)
+    fgplugin.spmm(adj, x, diag=1.5)
+    assert isinstance(repeated_calls.find(adj, x, None, None, 1.5, None, None), ops.PreparedCall)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_scale_written_before_the_backward_is_an_error(device):
+    """The node of a kept call saves the scales as autograd does: a write to one between the
+    forward and the backward is refused, not read."""
+    _, adj = _case(device)
+    r, c, d = (t.clone() for t in adj.norm("gcn", dtype=torch.float32))
+    x = torch.randn(adj.shape[1], 4, device=device, requires_grad=True)
+    for _ in range(2):  # the second call is a kept one
+        out = fgplugin.spmm(adj, x, r, c, d)
+    with torch.no_grad():
+        r.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
 
 
 def test_switches_and_grad_mode_are_part_of_the_key(monkeypatch):
