@@ -150,9 +150,13 @@ at::Tensor spmm_wrt_x(const at::Tensor& rowptr, const at::Tensor& col, const Opt
                       const OptTensor& plan, at::IntArrayRef plan_layout, const OptTensor& t_rowptr,
                       const OptTensor& t_col, const OptTensor& t_values, const OptTensor& t_plan,
                       at::IntArrayRef t_plan_layout, const OptTensor& bias, int64_t width) {
-  const auto needs_grad = [](const OptTensor& t) { return t.has_value() && t->requires_grad(); };
-  if (!at::GradMode::is_enabled() || !x.requires_grad() || needs_grad(values) || needs_grad(row_scale) ||
-      needs_grad(col_scale) || needs_grad(diag)) {
+  // a gradient wanted, or a forward-mode tangent carried, by any input but x and the bias: the
+  // node records those two alone (it would drop the tangents of the others silently)
+  const auto differentiated = [](const OptTensor& t) {
+    return t.has_value() && t->defined() && (t->requires_grad() || t->_fw_grad(/*level=*/0).defined());
+  };
+  if (!at::GradMode::is_enabled() || !x.requires_grad() || differentiated(values) || differentiated(row_scale) ||
+      differentiated(col_scale) || differentiated(diag)) {
     // not the gradient of x alone: the op itself, through the dispatcher (its autograd covers every input)
     return spmm_op().call(rowptr, col, values, x, row_scale, col_scale, diag, plan, plan_layout, t_rowptr, t_col,
                           t_values, t_plan, t_plan_layout, bias, width);

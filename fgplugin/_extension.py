@@ -58,10 +58,10 @@ class ExtensionStatus:
     cuda: bool = False  # ... including the CUDA kernels
     reason: str = ""  # why not (empty when everything built)
     build_dir: str | None = None
-    module: object = None  # the extension as a Python module: its KeptSpmm (csrc/kept_call.cpp)
 
 
 status = ExtensionStatus()
+kept_spmm = None  # the extension's KeptSpmm class (csrc/kept_call.cpp) once loaded; not on status, which is plain data
 
 
 def source_dir() -> Path:
@@ -184,6 +184,7 @@ def _exclusive(path: Path):
 
 def load() -> ExtensionStatus:
     """Build (first time) and load the kernels into ``torch.ops.fgplugin``; never raises."""
+    global kept_spmm
     if status.loaded or status.reason:
         return status
     if not config.settings.build_extension:
@@ -191,7 +192,7 @@ def load() -> ExtensionStatus:
         return status
     with_cuda, why_no_cuda = cuda_build_plan()
     try:
-        status.build_dir, status.module = _build_and_load(with_cuda)
+        status.build_dir, module = _build_and_load(with_cuda)
     except Exception as error:  # a failed build must leave fgplugin usable on the reference path
         status.reason = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
         warnings.warn(
@@ -204,6 +205,7 @@ def load() -> ExtensionStatus:
             stacklevel=3,
         )
         return status
+    kept_spmm = module.KeptSpmm
     status.loaded = True
     status.cuda = with_cuda
     if not with_cuda and torch.version.cuda is not None:

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import torch
 import torch.autograd.forward_ad
+from torch.overrides import has_torch_function
 
 from . import _extension, capture_holds, cusparse, grad_rows, repeated_calls
 from ._csr import aux_dtype_for, rows_of_edges
@@ -224,15 +225,18 @@ class PreparedCall(NamedTuple):
         return run_spmm(_MAKE_OP_ARGS(args), True, self.route)
 
 
-def prepared_call(args: OpArgs, pad: int, route, diag):
+def prepared_call(args: OpArgs, pad: int, route, given: tuple):
     """The kept form of a decided call (``args``, ``x`` padded by ``pad`` columns, run by
-    ``route``; ``diag`` as the caller gave it): the extension's ``KeptSpmm`` (csrc/kept_call.cpp,
-    which passes the kept arguments on in C++) for the routes it runs and a diagonal that comes as
-    a tensor or not at all, else a :class:`PreparedCall`. Both are called alike."""
-    module = _extension.status.module
-    if (module is not None and route in (_run_below_autograd, _run_wrt_x)
-            and (diag is None or isinstance(diag, torch.Tensor))):
-        return module.KeptSpmm(*args[:3], *args[7:14], args.width, pad, route is _run_wrt_x)
+    ``route``; ``given``: the scales, diagonal and bias as the caller passed them): the
+    extension's ``KeptSpmm`` (csrc/kept_call.cpp, which passes the kept arguments on in C++) for
+    the routes it runs, a diagonal that comes as a tensor or not at all, and no argument with a
+    ``__torch_function__`` of its own (C++ calls skip it), else a :class:`PreparedCall`. Both are
+    called alike."""
+    kept_spmm = _extension.kept_spmm
+    diag = given[2]
+    if (kept_spmm is not None and route in (_run_below_autograd, _run_wrt_x)
+            and (diag is None or isinstance(diag, torch.Tensor)) and not has_torch_function(given)):
+        return kept_spmm(*args[:3], *args[7:14], args.width, pad, route is _run_wrt_x)
     return PreparedCall(args[:3], args[7:14], args.width, pad, route)
 
 
@@ -488,7 +492,8 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     args, needs_grad = _product_args(adj, x, *checked, with_transpose, checked_bias, checked_width)
     if not repeated_calls.context_allows(x):
         return args.call(needs_grad)
-    prepared = prepared_call(args, args.x.shape[1] - x.shape[1], eager_route(args, needs_grad), diag)
+    prepared = prepared_call(args, args.x.shape[1] - x.shape[1], eager_route(args, needs_grad),
+                             (row_scale, col_scale, diag, bias))
     repeated_calls.keep(adj, x, row_scale, col_scale, diag, bias, width, prepared, (*checked, checked_bias))
     return prepared(adj, x, *checked, checked_bias)
 

@@ -19,8 +19,16 @@ def spmm_reference(rowptr, col, values, x, row_scale, col_scale, diag, plan=None
     (all for -1), plus ``bias`` added in x's dtype, as the compiled kernels without a fused
     epilogue do."""
     acc = aux_dtype_for(x.dtype)
-    values, row_scale, col_scale, diag = (None if t is None else t.to(acc) for t in (values, row_scale, col_scale, diag))
     n_rows = rowptr.numel() - 1
+    out_width = x.shape[1] if width < 0 else width
+    # the lengths the compiled op checks (csrc/args.cpp): a repeated call passes its tensors
+    # unchecked, and a wrong length would broadcast here instead of failing
+    for t, name, length in ((row_scale, "row_scale", n_rows), (col_scale, "col_scale", x.shape[0]),
+                            (diag, "diag", min(n_rows, x.shape[0])), (bias, "bias", out_width)):
+        if t is not None and (t.dim() != 1 or t.numel() != length):
+            raise RuntimeError(f"fgplugin.spmm: {name} must be a 1-D tensor with {length} entries, got shape "
+                               f"{list(t.shape)}")
+    values, row_scale, col_scale, diag = (None if t is None else t.to(acc) for t in (values, row_scale, col_scale, diag))
     xs = x.to(acc)
     if col_scale is not None:
         xs = xs * col_scale.unsqueeze(1)

@@ -106,7 +106,7 @@ class TiledAdjacency:
         self.shape = (int(shape[0]), int(shape[1]))
         self.rowptr = rowptr
         self.col = col
-        self.values = values
+        self._values = values
         self.edge_perm = edge_perm
         self.tile_size = int(tile_size)
         self.threshold = threshold
@@ -582,6 +582,18 @@ class TiledAdjacency:
                 f"weighted={self.values is not None}, tiles={self.tile_size}x{self.tile_size} dense above "
                 f"{threshold}: {tiles.num_dense_tiles} tiles holding {100 * self.dense_share:.1f}% of nnz, "
                 f"reordered={self.perm is not None}, device={self.device}, nbytes={self.nbytes})")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """The edge weights in CSR order, or ``None`` for unit weights. Written in place they are
+        seen (caches check their version); replacing the tensor is refused: what was built from
+        it (normalization, kept calls, a cuSPARSE fold) would go on reading the old one."""
+        return self._values
+
+    @values.setter
+    def values(self, _):
+        raise AttributeError("TiledAdjacency.values cannot be replaced: use adj.with_values(new_weights), a copy "
+                             "that shares the structure's caches, or write into adj.values in place")
 
     def _probed(self) -> bool:
         return ("auto_threshold", self.tile_size, self.device, "fp32") in self._shared

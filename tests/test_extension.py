@@ -46,6 +46,17 @@ def test_compiled_kernels_are_loaded():
     assert torch.ops.fgplugin.spmm.default is not None
 
 
+def test_the_status_is_plain_data():
+    """extension_status() copies and pickles like the dataclass it is (the loaded module is kept
+    apart from it)."""
+    import copy
+    import dataclasses
+    import pickle
+
+    status = fgplugin.extension_status()
+    assert dataclasses.asdict(copy.deepcopy(status)) == dataclasses.asdict(pickle.loads(pickle.dumps(status)))
+
+
 def test_python_schemas_match_the_compiled_ones():
     """The reference path (no extension) defines every op with the schema csrc/ gives it."""
     for name, schema in ops.SCHEMAS.items():

@@ -102,7 +102,7 @@ def test_a_kept_call_runs_in_cpp_where_it_can(device, bias_grad):
         if bias_grad and not grad:  # a gradient for the bias alone: the Python node's (not x's alone)
             assert isinstance(found, ops.PreparedCall)
         else:
-            assert type(found) is _extension.status.module.KeptSpmm and found.wrt_x == grad and found.width == 5
+            assert type(found) is _extension.kept_spmm and found.wrt_x == grad and found.width == 5
         out = fgplugin.spmm(adj, x, r, c, d, bias=bias, width=5)
         assert rel_error(out, _reference(case.dense(), x, r, c, d, bias, 5)) <= 1e-5
         assert out.requires_grad == (grad or bool(bias_grad))
@@ -185,6 +185,45 @@ def test_the_kept_calls_are_bounded():
     for width in range(1, repeated_calls.MAX_KEPT + 5):
         fgplugin.spmm(adj, torch.randn(adj.shape[1], width))
     assert 0 < len(adj._calls) <= repeated_calls.MAX_KEPT
+
+
+def test_arguments_with_a_torch_function_keep_it():
+    """A scale or bias of a tensor subclass with ``__torch_function__`` reaches it on every call,
+    kept or not (the extension's C++ kept call would skip it), and the output keeps its type."""
+
+    class Logged(torch.Tensor):
+        calls = 0
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            Logged.calls += 1
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    case, adj = _case("cpu")
+    r, c, d = adj.norm("gcn", dtype=torch.float32)
+    bias = torch.randn(4).as_subclass(Logged)
+    x = torch.randn(adj.shape[1], 4)
+    for _ in range(3):
+        Logged.calls = 0
+        out = fgplugin.spmm(adj, x, r.as_subclass(Logged), c, d, bias=bias)
+        assert Logged.calls > 0 and type(out) is Logged
+        ref = _reference(case.dense(), x, r, c, d, bias.as_subclass(torch.Tensor))
+        assert rel_error(out.as_subclass(torch.Tensor), ref) <= 1e-5
+    assert all(isinstance(kept, ops.PreparedCall) for kept, _ in adj._calls.values())
+
+
+def test_the_reference_kernel_checks_the_lengths_a_repeated_call_passes():
+    """Without the extension a repeated call's tensors reach the pure-torch kernel unchecked: a
+    scale or bias of the wrong length is refused by name there, not broadcast."""
+    from fgplugin.reference import spmm_reference
+
+    _, adj = _case("cpu")
+    x = torch.randn(adj.shape[1], 4)
+    for name, bad in (("row_scale", dict(row_scale=torch.ones(1))), ("col_scale", dict(col_scale=torch.ones(1))),
+                      ("diag", dict(diag=torch.ones(1))), ("bias", dict(bias=torch.ones(1)))):
+        kwargs = {"row_scale": None, "col_scale": None, "diag": None, **bad}
+        with pytest.raises(RuntimeError, match=f"{name} must be a 1-D tensor with"):
+            spmm_reference(adj.rowptr, adj.col, None, x, **kwargs)
 
 
 def test_a_bias_resized_in_place_is_a_clear_error():

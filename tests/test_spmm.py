@@ -367,6 +367,30 @@ def test_eager_call_and_dispatcher_call_agree():
         assert torch.equal(out_a, out_b) and torch.equal(grad_a, grad_b)
 
 
+def test_replacing_the_edge_values_is_refused():
+    """What was built from the edge values would go on reading the old tensor: replacing it is an
+    error that names the two ways that work."""
+    adj = random_graph_case(9, n_src=30).adjacency()
+    with pytest.raises(AttributeError, match=r"with_values\(new_weights\).*in place"):
+        adj.values = torch.ones(adj.nnz)
+
+
+def test_spmm_wrt_x_refuses_tangents_it_would_drop():
+    """Called directly, spmm_wrt_x with a forward-mode tangent on a scale is the spmm op, which
+    refuses forward mode, instead of its node (which records x and the bias alone)."""
+    import torch.autograd.forward_ad as fwAD
+
+    from fgplugin import ops
+
+    adj, (r, c, d) = _small_gcn_case()
+    x = torch.randn(30, 4, requires_grad=True)
+    args, _ = ops.op_args(adj, x, r, c, d, True, "test")
+    with fwAD.dual_level():
+        dual_r = fwAD.make_dual(args.row_scale, torch.ones_like(args.row_scale))
+        with pytest.raises((NotImplementedError, RuntimeError)):
+            torch.ops.fgplugin.spmm_wrt_x.default(*args._replace(row_scale=dual_r))
+
+
 @pytest.mark.parametrize("values_dtype", [torch.float32, torch.float64])
 def test_an_in_place_write_to_the_edge_values_is_seen(values_dtype):
     """What an adjacency keeps from its edge values (their cast to the kernels' dtype, their
