@@ -241,7 +241,7 @@ def prepared_call(args: OpArgs, pad: int, route, given: tuple):
 
 
 def run_spmm(args: OpArgs, needs_grad: bool | None = None, route=None) -> torch.Tensor:
-    """The op on ``args``: every product of this module goes through here, but a kept call's
+    """The op on ``args``: every product of this module goes through here, except a kept call
     that the extension's ``KeptSpmm`` runs (:func:`prepared_call`). ``needs_grad``: whether
     autograd must record the call, if the caller knows (else it is found out); ``route``: how
     to run it in plain eager mode, where a kept call (:class:`PreparedCall`) knows.
