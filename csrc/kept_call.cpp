@@ -13,28 +13,18 @@
 // gradient for x alone, recorded by that op's C++ node); every other kind of call stays in Python
 // (fgplugin/ops.py). The op's own checks run as on every call. Kept calls are made only in plain
 // eager mode without autocast (fgplugin/repeated_calls.py), so nothing here casts.
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/extension.h>
 
 #include <utility>
 #include <vector>
 
 #include "common.h"
+#include "op_handles.h"
 
 namespace fgplugin {
 namespace {
 
 using OptTensor = std::optional<at::Tensor>;
-
-const c10::TypedOperatorHandle<SpmmOp>& spmm_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fgplugin::spmm", "").typed<SpmmOp>();
-  return op;
-}
-
-const c10::TypedOperatorHandle<SpmmOp>& spmm_wrt_x_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fgplugin::spmm_wrt_x", "").typed<SpmmOp>();
-  return op;
-}
 
 class KeptSpmm {
  public:

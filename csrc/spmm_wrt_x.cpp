@@ -25,6 +25,7 @@
 #include <torch/library.h>
 
 #include "common.h"
+#include "op_handles.h"
 
 namespace fgplugin {
 namespace {
@@ -32,11 +33,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptTensor = std::optional<at::Tensor>;
-
-const c10::TypedOperatorHandle<SpmmOp>& spmm_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fgplugin::spmm", "").typed<SpmmOp>();
-  return op;
-}
 
 // The op on the device kernels, below autograd and autocast.
 at::Tensor spmm_below_autograd(const at::Tensor& rowptr, const at::Tensor& col, const OptTensor& values,

@@ -558,8 +558,8 @@ def _adjoint_over_live_rows(t_rowptr, t_col, t_values, t_plan, g, out_scale, row
         captured = grad_rows.captured_restriction(t_rowptr, t_col, t_values, g, block_adaptive)
         if captured is None:
             return full()
-        *restricted, outside = captured
-        out = csr_product(*restricted[:3], g, out_scale, row_scale, diag, restricted[3])
+        rowptr, col, values, plan, outside = captured
+        out = csr_product(rowptr, col, values, g, out_scale, row_scale, diag, plan)
         torch.ops.fgplugin.spmm_if.default(outside, t_rowptr, t_col, t_values, g, out_scale, row_scale, diag, out)
         return out
     restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)
