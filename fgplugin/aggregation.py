@@ -43,7 +43,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import input_cache, ops, sparse_input
+from . import input_cache, layer_calls, ops, sparse_input
 from .normalization import Normalization
 from .ops import padded_width
 from .tiling import TiledAdjacency
@@ -109,10 +109,26 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
     if isinstance(kept, sparse_input.SparseInput):
         return _aggregate_transformed(graph, kept, weight, bias, hops, 0)
     if kept is not None:
+        if weight is not None and isinstance(graph, Aggregation):
+            layer_calls.decided(owner, layer_calls.KEPT_INPUT, graph.adj, graph.norm)
         return transform_with_bias(kept, weight, bias)
     if weight is not None and weight.shape[0] > weight.shape[1]:
-        return _aggregate_transformed(graph, x, weight, bias, hops, node_dim)
+        return _aggregate_transformed(graph, x, weight, bias, hops, node_dim, owner)
     return transform_with_bias(_propagate(graph, x, hops, node_dim), weight, bias)
+
+
+def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module, x: Tensor, weight: Tensor,
+                         bias: Tensor | None) -> Tensor | None:
+    """What :func:`aggregate` returns for a call like the one that made ``decision``
+    (fgplugin.layer_calls), with the same ops; ``None`` where the decision no longer applies (the
+    graph was freed, the input cache let go of ``x``'s aggregation): then call :func:`aggregate`."""
+    adj = decision.adj()
+    if adj is None:
+        return None
+    if decision.kind == layer_calls.TRANSFORMED:
+        return _transformed_product(Aggregation(adj, decision.norm), x, weight, bias, decision.width)
+    kept = input_cache.of(owner).kept_for(x)
+    return transform_with_bias(kept, weight, bias) if isinstance(kept, Tensor) else None
 
 
 def is_distributed(obj, module: str, name: str) -> bool:
@@ -159,21 +175,32 @@ def _kept(graph, x: Tensor, hops: int, owner, settings: tuple, node_dim: int,
 
 
 def _aggregate_transformed(graph, x: Tensor, weight: Tensor, bias: Tensor | None, hops: int,
-                           node_dim: int) -> Tensor:
+                           node_dim: int, owner: torch.nn.Module | None = None) -> Tensor:
     """``Â^hops (x W) + bias``, with ``W`` padded by zero columns to the width the products want:
     the last product cuts them and adds the bias in its output pass where the graph is an
     :class:`Aggregation` (fgplugin's kernels; a layer's bias add is a pass over its output: 0.45 ms
     of a 13 ms GCN training step on products-like, H100), else :class:`_CutColumns` does."""
     out = weight.shape[1]
     width = graph.vector_width(out, _product_dtype(x, weight))
-    h = x @ weight if width == out else x @ torch.nn.functional.pad(weight, (0, width - out))
     # Aggregation's own call takes the epilogue; a subclass's may keep the plain graph(x)
+    if type(graph).__call__ is Aggregation.__call__ and hops == 1 and len(x.shape) == 2 and node_dim % 2 == 0:
+        layer_calls.decided(owner, layer_calls.TRANSFORMED, graph.adj, graph.norm, width)
+        return _transformed_product(graph, x, weight, bias, width)
+    h = x @ weight if width == out else x @ torch.nn.functional.pad(weight, (0, width - out))
     if type(graph).__call__ is Aggregation.__call__ and hops >= 1 and h.dim() == 2 and node_dim % 2 == 0:
         return graph(_propagate(graph, h, hops - 1), bias, out)
     if width == out:
         return _plus_bias(_propagate(graph, h, hops, node_dim), bias)
     padded = _propagate(graph, h, hops, node_dim)
     return _CutColumns.apply(padded, out, None if bias is None else _autocast_bias(bias, padded))
+
+
+def _transformed_product(graph: Aggregation, x: Tensor, weight: Tensor, bias: Tensor | None, width: int) -> Tensor:
+    """``graph(x @ weight) + bias`` with ``weight`` padded by zero columns to ``width`` and the
+    bias added and the padding cut in the product's output pass."""
+    out = weight.shape[1]
+    h = x @ weight if width == out else x @ torch.nn.functional.pad(weight, (0, width - out))
+    return graph(h, bias, out)
 
 
 def _plus_bias(out: Tensor, bias: Tensor | None) -> Tensor:

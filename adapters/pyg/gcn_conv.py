@@ -5,7 +5,7 @@ from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor, SparseTensor
 
-from fgplugin import TiledAdjacency
+from fgplugin import TiledAdjacency, layer_calls
 from fgplugin.aggregation import Aggregation, aggregate
 
 from ._aggregation import NONE, NormSpec
@@ -33,13 +33,22 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
     propagate_type = {"x": Tensor, "edge_weight": OptTensor}
 
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
+        out = self._as_decided(x, edge_index, edge_weight)
+        if out is not None:  # a call like the previous one (fgplugin.layer_calls)
+            return out
         aggregation = self._served_aggregation(x, edge_index, edge_weight)
         if aggregation is None:
             return self._stock_forward(x, edge_index, edge_weight)
         parts = linear(self.lin)
         if parts is None:  # a linear map with hooks (or not yet initialized): the module, then aggregate
             return aggregate(aggregation, self.lin(x), bias=self.bias, node_dim=self.node_dim)
-        return aggregate(aggregation, x, weight=parts[0], bias=self.bias, owner=self, node_dim=self.node_dim)
+        layer_calls.deciding(self)
+        out = aggregate(aggregation, x, weight=parts[0], bias=self.bias, owner=self, node_dim=self.node_dim)
+        layer_calls.keep(self, edge_index, edge_weight, self._decision_objects(), self._decision_values(), x)
+        return out
+
+    def _decision_values(self) -> tuple:
+        return self.normalize, self.improved, self.add_self_loops, self.cached, self.flow, self.node_dim
 
     def _aggregation(self, n: int, edge_index, edge_weight, dtype) -> Aggregation | DeferredAggregation | None:
         cache_name = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"

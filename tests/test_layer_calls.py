@@ -1,0 +1,234 @@
+"""fgplugin.layer_calls: a drop-in layer's repeated call runs what its previous call decided, with
+the same ops as the full path (bit for bit the same output and gradients), and anything that
+changes a decision or the result takes the full path again."""
+import copy
+import gc
+import pickle
+import weakref
+
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+import torch_geometric.nn as pyg_nn  # noqa: E402
+
+import fgplugin  # noqa: E402
+import fgplugin.pyg as fp  # noqa: E402
+from fgplugin import layer_calls  # noqa: E402
+from fgplugin.pyg import gcn_conv  # noqa: E402
+from fgplugin.testing import random_graph_case, rel_error  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+IN, OUT = 16, 5  # the weight narrows the features: a hidden layer aggregates x W
+
+
+def _setup(device, graph="tiled", cached=False):
+    """A GCNConv (random bias) and a graph of 60 nodes: a weighted ``TiledAdjacency`` or an
+    unweighted ``edge_index``."""
+    case = random_graph_case(0, n_src=60, weighted=graph == "tiled")
+    conv = fp.GCNConv(IN, OUT, cached=cached).to(device)
+    with torch.no_grad():
+        conv.bias.normal_()
+    return conv, case.adjacency().to(device) if graph == "tiled" else case.edge_index.to(device)
+
+
+def _stock(conv, x, graph):
+    """The stock PyG layer with conv's parameters and settings on ``graph`` (an edge_index, or a
+    TiledAdjacency as its edges and current weights)."""
+    stock = pyg_nn.GCNConv(IN, conv.out_channels, improved=conv.improved, add_self_loops=conv.add_self_loops,
+                           normalize=conv.normalize, bias=conv.bias is not None).to(x.device)
+    with torch.no_grad():
+        stock.lin.weight.copy_(conv.lin.weight)
+        if conv.bias is not None:
+            stock.bias.copy_(conv.bias)
+    if isinstance(graph, fgplugin.TiledAdjacency):
+        targets = torch.repeat_interleave(torch.arange(graph.shape[0], device=x.device), graph.rowptr.diff())
+        return stock(x.detach(), torch.stack([graph.col.long(), targets]), graph.values.detach())
+    return stock(x.detach(), graph)
+
+
+def _spy_full_path(monkeypatch) -> list:
+    """Counts the layer calls that take the full path (GCNConv's call of ``aggregate``)."""
+    calls = []
+    original = gcn_conv.aggregate
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gcn_conv, "aggregate", spy)
+    return calls
+
+
+def _full_path(conv, x, g):
+    """conv(x, g) by the full path (what the layer kept dropped first)."""
+    layer_calls.forget(conv)
+    return conv(x, g)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("graph", ["tiled", "edge_index"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, monkeypatch):
+    conv, g = _setup(device, graph, cached)
+    full = _spy_full_path(monkeypatch)
+    for step in range(3):
+        x = torch.randn(60, IN, device=device, requires_grad=True)  # a hidden layer's input
+        out = conv(x, g)
+        assert len(full) == (step == 0)  # decided once, then repeated
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        kept_grads = (x.grad.clone(), conv.lin.weight.grad.clone(), conv.bias.grad.clone())
+        x.grad = conv.lin.weight.grad = conv.bias.grad = None
+        again = _full_path(conv, x, g)
+        again.backward(grad)
+        assert torch.equal(out, again)
+        assert all(torch.equal(a, b) for a, b in zip(kept_grads, (x.grad, conv.lin.weight.grad, conv.bias.grad)))
+        conv.lin.weight.grad = conv.bias.grad = None
+        assert rel_error(out, _stock(conv, x, g)) <= 1e-5
+        full.clear()  # the full path decided again: the next step repeats it
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_first_layer_repeats_its_kept_input_bit_for_bit(device, monkeypatch):
+    conv, g = _setup(device)
+    x = torch.randn(60, IN, device=device)  # the constant input: its aggregation is kept
+    full = _spy_full_path(monkeypatch)
+    outs = [conv(x, g) for _ in range(4)]
+    assert len(full) == 2  # the first call notes x, the second keeps A x (and decides), then repeats
+    assert fgplugin.input_cache.of(conv).holds
+    assert all(torch.equal(outs[1], o) for o in outs[2:])
+    assert torch.equal(outs[-1], _full_path(conv, x, g))
+    assert rel_error(outs[-1], _stock(conv, x, g)) <= 1e-5
+    outs[-1].sum().backward()
+    assert conv.lin.weight.grad is not None and conv.bias.grad is not None
+    with torch.no_grad():
+        x.mul_(2)  # a new x for the input cache: its kept aggregation no longer applies
+    changed = conv(x, g)
+    assert rel_error(changed, _stock(conv, x, g)) <= 1e-5
+
+
+def _replace_weight(conv, g, x):
+    conv.lin.weight = torch.nn.Parameter(torch.randn_like(conv.lin.weight))
+
+
+def _write_weight(conv, g, x):
+    with torch.no_grad():
+        conv.lin.weight.mul_(-2)
+
+
+def _drop_bias(conv, g, x):
+    conv.bias = None
+
+
+def _write_edge_values(conv, g, x):
+    with torch.no_grad():
+        g.values.mul_(3)
+
+
+def _improved(conv, g, x):
+    conv.improved = True
+
+
+def _no_self_loops(conv, g, x):
+    conv.add_self_loops = False
+
+
+def _no_normalization(conv, g, x):
+    conv.normalize = conv.add_self_loops = False  # the stock layer adds no loops to an unnormalized graph
+
+
+CHANGES = [_replace_weight, _write_weight, _drop_bias, _write_edge_values, _improved, _no_self_loops,
+           _no_normalization]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("constant", [False, True], ids=["hidden", "first"])
+@pytest.mark.parametrize("change", CHANGES, ids=lambda f: f.__name__.strip("_"))
+def test_a_change_to_the_layer_or_graph_is_seen(device, constant, change):
+    conv, g = _setup(device)
+    x = torch.randn(60, IN, device=device, requires_grad=not constant)
+    for _ in range(3):
+        conv(x, g)
+    assert conv.__dict__.get("_fgplugin_layer_call") is not None
+    change(conv, g, x)
+    for _ in range(3):  # a constant x: its aggregation is kept again from the second call
+        out = conv(x, g)
+        assert rel_error(out, _stock(conv, x, g)) <= 1e-5
+    assert torch.equal(out, _full_path(conv, x, g))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hooks_grad_mode_autocast_and_switches_take_the_full_path(device, monkeypatch):
+    conv, g = _setup(device, graph="edge_index")  # the stock propagate() takes an edge_index
+    x = torch.randn(60, IN, device=device, requires_grad=True)
+    for _ in range(2):
+        conv(x, g)
+    full = _spy_full_path(monkeypatch)
+    seen = []
+    handle = conv.lin.register_forward_hook(lambda *args: seen.append(1))
+    conv(x, g)
+    assert seen and full  # the linear map's hook ran, on the full path
+    handle.remove()
+    full.clear()
+    conv(x, g)
+    assert not full  # the kept call still holds: nothing it read changed
+    handle = conv.register_propagate_forward_hook(lambda *args: seen.append(2))
+    conv(x, g)
+    assert 2 in seen  # the stock propagate() ran, with its hook
+    handle.remove()
+    conv(x, g)
+    full.clear()
+    with torch.no_grad():
+        out = conv(x, g)
+    assert full and not out.requires_grad
+    full.clear()
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out = conv(x, g)
+    assert full and out.dtype == torch.bfloat16
+    full.clear()
+    previous = fgplugin.set_input_cache(False)
+    try:
+        conv(x, g)
+    finally:
+        fgplugin.set_input_cache(previous)
+    assert full
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_another_graph_or_a_reset_cache_is_used(device):
+    conv, g = _setup(device, cached=True, graph="edge_index")
+    x = torch.randn(60, IN, device=device, requires_grad=True)
+    for _ in range(3):
+        first = conv(x, g)
+    other = random_graph_case(5, n_src=60)
+    # cached=True ignores a later graph, like the stock layer; after a reset it takes the new one
+    assert torch.equal(conv(x, other.edge_index.to(device)), first)
+    conv._cached_edge_index = None
+    out = conv(x, other.edge_index.to(device))
+    stock = pyg_nn.GCNConv(IN, OUT).to(device)
+    with torch.no_grad():
+        stock.lin.weight.copy_(conv.lin.weight)
+        stock.bias.copy_(conv.bias)
+    assert rel_error(out, stock(x.detach(), other.edge_index.to(device))) <= 1e-5
+    tiled = other.adjacency().to(device)
+    uncached = fp.GCNConv(IN, OUT).to(device)
+    uncached.load_state_dict(conv.state_dict())
+    for _ in range(2):
+        uncached(x, g)
+    assert rel_error(uncached(x, tiled), out) <= 1e-5  # another graph object: decided anew
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_kept_call_keeps_no_graph_alive_and_copies_drop_it(device):
+    conv, g = _setup(device)
+    x = torch.randn(60, IN, device=device, requires_grad=True)
+    for _ in range(3):
+        out = conv(x, g)
+    for twin in (copy.deepcopy(conv), pickle.loads(pickle.dumps(conv))):
+        assert twin.__dict__.get("_fgplugin_layer_call") is None
+        assert torch.equal(twin(x, g), out)
+    ref = weakref.ref(g)
+    del g, out
+    gc.collect()
+    assert ref() is None
