@@ -69,7 +69,8 @@ def deciding(owner) -> None:
 def decided(owner, kind: str, adj: TiledAdjacency, norm: Normalization, width: int = 0) -> None:
     """Notes what :func:`fgplugin.aggregation.aggregate` decided for the call under way of
     ``owner``, a layer that asked for it (:func:`deciding`)."""
-    if owner is not None and _PENDING in owner.__dict__:
+    # first: torch.compile traces aggregate(), and no kept call is made there
+    if not torch.compiler.is_compiling() and owner is not None and _PENDING in owner.__dict__:
         owner.__dict__[_PENDING] = Decision(kind, weakref.ref(adj), norm, width)
 
 

@@ -15,7 +15,7 @@ import torch_geometric.nn as pyg_nn  # noqa: E402
 import fgplugin  # noqa: E402
 import fgplugin.pyg as fp  # noqa: E402
 from fgplugin import layer_calls  # noqa: E402
-from fgplugin.pyg import gcn_conv  # noqa: E402
+from fgplugin.pyg import _layer, gcn_conv  # noqa: E402
 from fgplugin.testing import random_graph_case, rel_error  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -48,7 +48,7 @@ def _stock(conv, x, graph):
 
 
 def _spy_full_path(monkeypatch) -> list:
-    """Counts the layer calls that take the full path (GCNConv's call of ``aggregate``)."""
+    """Counts the layer calls that take the full path (their call of ``aggregate``)."""
     calls = []
     original = gcn_conv.aggregate
 
@@ -56,7 +56,8 @@ def _spy_full_path(monkeypatch) -> list:
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(gcn_conv, "aggregate", spy)
+    for module in (gcn_conv, _layer):  # the call that keeps its decision, and one with a hooked linear map
+        monkeypatch.setattr(module, "aggregate", spy)
     return calls
 
 

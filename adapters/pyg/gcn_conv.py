@@ -5,7 +5,7 @@ from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor, SparseTensor
 
-from fgplugin import TiledAdjacency, layer_calls
+from fgplugin import TiledAdjacency
 from fgplugin.aggregation import Aggregation, aggregate
 
 from ._aggregation import NONE, NormSpec
@@ -42,10 +42,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         parts = linear(self.lin)
         if parts is None:  # a linear map with hooks (or not yet initialized): the module, then aggregate
             return aggregate(aggregation, self.lin(x), bias=self.bias, node_dim=self.node_dim)
-        layer_calls.deciding(self)
-        out = aggregate(aggregation, x, weight=parts[0], bias=self.bias, owner=self, node_dim=self.node_dim)
-        layer_calls.keep(self, edge_index, edge_weight, self._decision_objects(), self._decision_values(), x)
-        return out
+        return self._aggregate_and_keep(aggregation, x, parts[0], edge_index, edge_weight)
 
     def _decision_values(self) -> tuple:
         return self.normalize, self.improved, self.add_self_loops, self.cached, self.flow, self.node_dim
