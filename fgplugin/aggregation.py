@@ -98,7 +98,8 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
         weight: ``[F, out]`` (a ``Linear``'s ``weight.t()``), or ``None`` for the aggregation alone.
         bias: ``[out]`` added to the result (``[F]`` without ``weight``), or ``None``.
         hops: how many times to aggregate (SGConv's K).
-        owner: the layer whose kept input aggregation this call may use and fill, or ``None``.
+        owner: the layer whose kept input aggregation this call may use and fill, or ``None``;
+            a layer that asked for it (fgplugin.layer_calls) also gets this call's decision noted.
         settings: the owner's options that change the aggregation beyond ``graph.key``.
         node_dim: the node dimension of ``x``.
     """
@@ -122,11 +123,11 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     """What :func:`aggregate` returns for a call like the one that made ``decision``
     (fgplugin.layer_calls), with the same ops; ``None`` where the decision no longer applies (the
     graph was freed, the input cache let go of ``x``'s aggregation): then call :func:`aggregate`."""
-    adj = decision.adj()
-    if adj is None:
+    parts = decision.aggregation_parts()
+    if parts is None:
         return None
     if decision.kind == layer_calls.TRANSFORMED:
-        return _transformed_product(Aggregation(adj, decision.norm), x, weight, bias, decision.width)
+        return _transformed_product(Aggregation(*parts), x, weight, bias, decision.width)
     kept = input_cache.of(owner).kept_for(x)
     return transform_with_bias(kept, weight, bias) if isinstance(kept, Tensor) else None
 
@@ -183,24 +184,29 @@ def _aggregate_transformed(graph, x: Tensor, weight: Tensor, bias: Tensor | None
     out = weight.shape[1]
     width = graph.vector_width(out, _product_dtype(x, weight))
     # Aggregation's own call takes the epilogue; a subclass's may keep the plain graph(x)
-    if type(graph).__call__ is Aggregation.__call__ and hops == 1 and len(x.shape) == 2 and node_dim % 2 == 0:
-        layer_calls.decided(owner, layer_calls.TRANSFORMED, graph.adj, graph.norm, width)
-        return _transformed_product(graph, x, weight, bias, width)
-    h = x @ weight if width == out else x @ torch.nn.functional.pad(weight, (0, width - out))
-    if type(graph).__call__ is Aggregation.__call__ and hops >= 1 and h.dim() == 2 and node_dim % 2 == 0:
-        return graph(_propagate(graph, h, hops - 1), bias, out)
+    if type(graph).__call__ is Aggregation.__call__ and hops >= 1 and len(x.shape) == 2 and node_dim % 2 == 0:
+        if hops == 1:
+            layer_calls.decided(owner, layer_calls.TRANSFORMED, graph.adj, graph.norm, width)
+        return _transformed_product(graph, x, weight, bias, width, hops)
+    h = _padded_product(x, weight, width)
     if width == out:
         return _plus_bias(_propagate(graph, h, hops, node_dim), bias)
     padded = _propagate(graph, h, hops, node_dim)
     return _CutColumns.apply(padded, out, None if bias is None else _autocast_bias(bias, padded))
 
 
-def _transformed_product(graph: Aggregation, x: Tensor, weight: Tensor, bias: Tensor | None, width: int) -> Tensor:
-    """``graph(x @ weight) + bias`` with ``weight`` padded by zero columns to ``width`` and the
-    bias added and the padding cut in the product's output pass."""
-    out = weight.shape[1]
-    h = x @ weight if width == out else x @ torch.nn.functional.pad(weight, (0, width - out))
-    return graph(h, bias, out)
+def _transformed_product(graph: Aggregation, x: Tensor, weight: Tensor, bias: Tensor | None, width: int,
+                         hops: int = 1) -> Tensor:
+    """``graph^hops (x @ weight) + bias`` with ``weight`` padded by zero columns to ``width``, the
+    bias added and the padding cut in the last product's output pass."""
+    h = _padded_product(x, weight, width)
+    return graph(_propagate(graph, h, hops - 1), bias, weight.shape[1])
+
+
+def _padded_product(x: Tensor, weight: Tensor, width: int) -> Tensor:
+    """``x @ weight`` with ``weight`` padded by zero columns to ``width``."""
+    pad = width - weight.shape[1]
+    return x @ weight if pad == 0 else x @ torch.nn.functional.pad(weight, (0, pad))
 
 
 def _plus_bias(out: Tensor, bias: Tensor | None) -> Tensor:

@@ -17,15 +17,18 @@ same key runs it at once. Two decisions are kept, the two a training step makes:
 - ``x`` needs a gradient (a hidden layer's input): ``A (x W) + b`` as :func:`fgplugin.spmm` of the
   (padded) product with the bias in its output pass;
 - ``x`` is the constant input whose aggregation the layer keeps dense (fgplugin.input_cache):
-  ``(A x) W + b`` as one ``addmm``, on the kept tensor, asked for anew on every call (the input
-  cache checks ``x``'s identity and version).
+  ``(A x) W + b`` (one ``addmm`` where it can be) on the kept tensor, asked for anew on every call
+  (the input cache checks ``x``'s identity and version).
 
 Everything else takes the full path every time: first calls, calls in any other context (autocast,
 ``torch.compile``, functorch transforms, forward-mode AD, CUDA graph capture, inference mode,
-tensor subclasses, torch function or dispatch modes), edge weights, sparse kept inputs,
-aggregating first. The products below keep their own checks (fgplugin.spmm's on every call), so
+tensor subclasses, torch function or dispatch modes), edge weights, graph inputs or edge values
+made in inference mode (they have no version), sparse ``x``, sparse kept inputs, aggregating
+first. The products below keep their own checks (fgplugin.spmm's on every call), so
 a kept layer call runs the same ops with the same arguments as the full path: same results, bit
-for bit. A layer holds at most one kept call, with a weak reference to its graph input.
+for bit. A layer holds at most one kept call, with weak references only (to its graph input, the
+layer's objects, the adjacency and the scales), so it keeps nothing alive: a freed graph, a reset
+graph cache or a replaced weight is let go of as before, and the next call takes the full path.
 """
 from __future__ import annotations
 
@@ -45,16 +48,51 @@ _PENDING = "_fgplugin_decided"  # what aggregate() decided in the call under way
 _KEPT = "_fgplugin_layer_call"
 
 
+def _weak(obj):
+    """``obj`` as a kept call refers to it: tensors, modules and other objects by weak reference,
+    tuples part by part, and what takes no weak reference (``None``, numbers, strings, dtypes)
+    itself."""
+    if isinstance(obj, tuple):
+        return tuple(_weak(part) for part in obj)
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return obj
+
+
+def _is(held, obj) -> bool:
+    """Whether ``obj`` is what :func:`_weak` made ``held`` of (a dead reference never is)."""
+    if isinstance(held, tuple):
+        return isinstance(obj, tuple) and len(held) == len(obj) and all(_is(h, o) for h, o in zip(held, obj))
+    if isinstance(held, weakref.ref):
+        return held() is obj
+    return held is obj or (type(held) is type(obj) and held == obj)
+
+
+def _strong(held):
+    """What :func:`_weak` made ``held`` of, or ``None`` when a referred object was freed."""
+    if isinstance(held, tuple):
+        parts = [_strong(h) for h in held]
+        if any(p is None and h is not None for p, h in zip(parts, held)):
+            return None
+        return tuple(parts)
+    return held() if isinstance(held, weakref.ref) else held
+
+
 class Decision(NamedTuple):
     """What :func:`fgplugin.aggregation.aggregate` decided: ``kind`` (``TRANSFORMED``:
     ``A (x W) + b`` with ``W`` padded to ``width`` columns; ``KEPT_INPUT``: ``(A x) W + b`` on the
-    input cache's dense aggregation), the aggregation's adjacency (a weak reference: a kept call
-    keeps no graph alive) and scales."""
+    input cache's dense aggregation) and the aggregation's adjacency and scales, held weakly."""
 
     kind: str
     adj: weakref.ref
-    norm: Normalization
+    norm: tuple
     width: int = 0
+
+    def aggregation_parts(self) -> tuple[TiledAdjacency, Normalization] | None:
+        """``(adj, scales)``, or ``None`` where either was freed."""
+        adj, norm = self.adj(), _strong(self.norm)
+        return None if adj is None or norm is None else (adj, Normalization(*norm))
 
     def __reduce__(self):
         return _dropped()
@@ -71,17 +109,17 @@ def decided(owner, kind: str, adj: TiledAdjacency, norm: Normalization, width: i
     ``owner``, a layer that asked for it (:func:`deciding`)."""
     # first: torch.compile traces aggregate(), and no kept call is made there
     if not torch.compiler.is_compiling() and owner is not None and _PENDING in owner.__dict__:
-        owner.__dict__[_PENDING] = Decision(kind, weakref.ref(adj), norm, width)
+        owner.__dict__[_PENDING] = Decision(kind, weakref.ref(adj), _weak(tuple(norm)), width)
 
 
 class KeptLayerCall:
-    """One layer's decided call and the key it was decided for."""
+    """One layer's decided call and the key it was decided for, all held weakly."""
 
     __slots__ = ("graph_input", "key", "objects", "decision")
 
     def __init__(self, graph_input, objects: tuple, values: tuple, x: Tensor, decision: Decision):
         self.graph_input = weakref.ref(graph_input)
-        self.objects = objects
+        self.objects = _weak(objects)
         self.key = _key(graph_input, values, x, decision)
         self.decision = decision
 
@@ -91,8 +129,7 @@ class KeptLayerCall:
         return _dropped()
 
     def matches(self, graph_input, objects: tuple, values: tuple, x: Tensor) -> bool:
-        return (self.graph_input() is graph_input and len(objects) == len(self.objects)
-                and all(a is b for a, b in zip(objects, self.objects))
+        return (self.graph_input() is graph_input and _is(self.objects, objects)
                 and _key(graph_input, values, x, self.decision) == self.key)
 
 
@@ -112,15 +149,17 @@ def _key(graph_input, values: tuple, x: Tensor, decision: Decision) -> tuple:
 
 
 def _may_keep(graph_input, edge_weight, x) -> bool:
-    return (edge_weight is None and isinstance(graph_input, (TiledAdjacency, Tensor)) and type(x) is Tensor
-            and context_allows(x) and not torch.is_inference_mode_enabled())
+    return (edge_weight is None and type(x) is Tensor and x.layout == torch.strided and context_allows(x)
+            and not torch.is_inference_mode_enabled()
+            and (isinstance(graph_input, TiledAdjacency)
+                 or (isinstance(graph_input, Tensor) and not graph_input.is_inference())))
 
 
 def find(owner, graph_input, edge_weight, objects: tuple, values: tuple, x) -> Decision | None:
     """What ``owner``'s kept call decided if this call is like that one, else ``None`` (then the
     layer takes its full path). ``objects``: what the layer's decisions read that is compared by
     identity (its linear map, weight, bias, graph cache); ``values``: its plain settings
-    (normalization options, node dimension), compared by equality."""
+    (normalization options, node dimension, the weight's shape), compared by equality."""
     kept = owner.__dict__.get(_KEPT)
     if kept is None or not _may_keep(graph_input, edge_weight, x) or not kept.matches(graph_input, objects, values, x):
         return None
@@ -130,12 +169,15 @@ def find(owner, graph_input, edge_weight, objects: tuple, values: tuple, x) -> D
 def keep(owner, graph_input, edge_weight, objects: tuple, values: tuple, x) -> None:
     """Keeps what ``aggregate`` decided in the call that just ran (:func:`decided`), where a later
     call may reuse it (see the module doc); else drops what the layer kept before."""
-    decision = owner.__dict__.pop(_PENDING, None)
-    owner.__dict__.pop(_KEPT, None)
+    decision = owner.__dict__.get(_PENDING)
+    forget(owner)
     if decision is None or not _may_keep(graph_input, edge_weight, x):
         return
     if decision.kind == TRANSFORMED and not (torch.is_grad_enabled() and x.requires_grad):
         return  # a constant x may be kept by the input cache from the next call on: decide again
+    adj = decision.adj()
+    if adj is None or (adj.values is not None and adj.values.is_inference()):
+        return  # edge values made in inference mode have no version to key on
     owner.__dict__[_KEPT] = KeptLayerCall(graph_input, objects, values, x, decision)
 
 

@@ -15,7 +15,7 @@ import torch_geometric.nn as pyg_nn  # noqa: E402
 import fgplugin  # noqa: E402
 import fgplugin.pyg as fp  # noqa: E402
 from fgplugin import layer_calls  # noqa: E402
-from fgplugin.pyg import _layer, gcn_conv  # noqa: E402
+from fgplugin.pyg import gcn_conv  # noqa: E402
 from fgplugin.testing import random_graph_case, rel_error  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -56,8 +56,7 @@ def _spy_full_path(monkeypatch) -> list:
         calls.append(1)
         return original(*args, **kwargs)
 
-    for module in (gcn_conv, _layer):  # the call that keeps its decision, and one with a hooked linear map
-        monkeypatch.setattr(module, "aggregate", spy)
+    monkeypatch.setattr(gcn_conv, "aggregate", spy)
     return calls
 
 
@@ -233,3 +232,45 @@ def test_a_kept_call_keeps_no_graph_alive_and_copies_drop_it(device):
     del g, out
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_kept_call_lets_go_of_a_reset_cache_a_replaced_weight_and_freed_scales(device):
+    conv, edge_index = _setup(device, graph="edge_index", cached=True)
+    for _ in range(3):
+        conv(torch.randn(60, IN, device=device, requires_grad=True), edge_index)
+    adj = weakref.ref(conv._cached_edge_index.adj)
+    conv._cached_edge_index = None  # PyG's way to let go of a cached graph
+    del edge_index
+    gc.collect()
+    assert adj() is None
+    conv, g = _setup(device)
+    for _ in range(3):
+        conv(torch.randn(60, IN, device=device, requires_grad=True), g)
+    weight, scales = weakref.ref(conv.lin.weight), [weakref.ref(t) for t in g.norm("gcn", dtype=torch.float32)
+                                                     if isinstance(t, torch.Tensor)]
+    conv.lin = torch.nn.Linear(IN, OUT, bias=False).to(device)
+    del g
+    gc.collect()
+    assert weight() is None and all(s() is None for s in scales)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_weight_reshaped_through_data_or_an_inference_graph_is_served_right(device):
+    conv, g = _setup(device)
+    x = torch.randn(60, IN, device=device, requires_grad=True)
+    for _ in range(3):
+        conv(x, g)
+    for out in (3, 32):  # 32 widens the features: the full path aggregates first
+        conv.lin.weight.data = torch.randn(out, IN, device=device)
+        conv.bias.data = torch.randn(out, device=device)
+        conv.out_channels = out
+        kept = conv(x, g)
+        assert torch.equal(kept, _full_path(conv, x, g)) and rel_error(kept, _stock(conv, x, g)) <= 1e-5
+    with torch.inference_mode():
+        edge_index = random_graph_case(0, n_src=60).edge_index.to(device)
+    conv = fp.GCNConv(IN, OUT).to(device)
+    for constant in (False, True):
+        x = torch.randn(60, IN, device=device, requires_grad=not constant)
+        for _ in range(3):  # no version to key a kept call on: every call takes the full path
+            assert rel_error(conv(x, edge_index), _stock(conv, x, edge_index.clone())) <= 1e-5

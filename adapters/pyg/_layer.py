@@ -11,8 +11,7 @@ from torch_geometric.nn.dense.linear import Linear
 
 from fgplugin import TiledAdjacency
 from fgplugin._csr import aux_dtype_for
-from fgplugin import layer_calls
-from fgplugin.aggregation import Aggregation, aggregate, aggregate_as_decided, is_distributed, linear_parts
+from fgplugin.aggregation import Aggregation, is_distributed, linear_parts
 from fgplugin.inference_mode import outside_inference_mode
 
 from ._aggregation import _UNWEIGHTED_FILL, NONE, NormSpec, aggregation_of
@@ -149,37 +148,6 @@ class FgpluginLayer:
                          + ("" if isinstance(edge_index, TiledAdjacency) else
                             ", or reset the cache (conv._cached_edge_index = None) before using another graph, "
                             "as with the stock layer"))
-
-    def _as_decided(self, x, edge_index, edge_weight) -> Tensor | None:
-        """The output of a call like this layer's previous served one, run as that one decided
-        (fgplugin.layer_calls), or ``None``: then the full path runs. For layers with a linear
-        map ``lin`` applied before the aggregation and a ``bias`` after it."""
-        if torch.compiler.is_compiling() or not self._fgplugin_serves() or self.lin._forward_hooks \
-                or self.lin._forward_pre_hooks:  # torch.compile traces the full path alone
-            return None
-        decision = layer_calls.find(self, edge_index, edge_weight, self._decision_objects(), self._decision_values(), x)
-        if decision is None:
-            return None
-        return aggregate_as_decided(decision, self, x, self.lin.weight.t(), self.bias)
-
-    def _aggregate_and_keep(self, aggregation, x: Tensor, weight: Tensor, edge_index, edge_weight) -> Tensor:
-        """``aggregate`` of a served call of ``x`` (``weight`` ``[F, out]``, then ``self.bias``);
-        outside ``torch.compile`` what it decided is kept for the next call like this one."""
-        if torch.compiler.is_compiling():
-            return aggregate(aggregation, x, weight=weight, bias=self.bias, owner=self, node_dim=self.node_dim)
-        layer_calls.deciding(self)
-        out = aggregate(aggregation, x, weight=weight, bias=self.bias, owner=self, node_dim=self.node_dim)
-        layer_calls.keep(self, edge_index, edge_weight, self._decision_objects(), self._decision_values(), x)
-        return out
-
-    def _decision_objects(self) -> tuple:
-        """What this layer's decisions read, by identity: its linear map, weight and bias, and
-        its graph caches."""
-        return (self.lin, self.lin.weight, self.bias, *(getattr(self, name, None) for name in self._graph_caches))
-
-    def _decision_values(self) -> tuple:
-        """This layer's plain settings that its decisions read (compared by equality)."""
-        return (self.node_dim,)
 
     def _kept_graph(self, aggregation) -> bool:
         return any(getattr(self, name, None) is aggregation for name in self._graph_caches)

@@ -1,12 +1,13 @@
 """``GCNConv`` on fgplugin's SpMM (its normalization, PyG's ``gcn_norm``, is ``gcn_scales`` in _aggregation.py)."""
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor, SparseTensor
 
-from fgplugin import TiledAdjacency
-from fgplugin.aggregation import Aggregation, aggregate
+from fgplugin import TiledAdjacency, layer_calls
+from fgplugin.aggregation import Aggregation, aggregate, aggregate_as_decided
 
 from ._aggregation import NONE, NormSpec
 from ._deferred import DeferredAggregation
@@ -42,10 +43,34 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         parts = linear(self.lin)
         if parts is None:  # a linear map with hooks (or not yet initialized): the module, then aggregate
             return aggregate(aggregation, self.lin(x), bias=self.bias, node_dim=self.node_dim)
-        return self._aggregate_and_keep(aggregation, x, parts[0], edge_index, edge_weight)
+        if torch.compiler.is_compiling():  # torch.compile traces the full path alone
+            return aggregate(aggregation, x, weight=parts[0], bias=self.bias, owner=self, node_dim=self.node_dim)
+        layer_calls.deciding(self)
+        out = aggregate(aggregation, x, weight=parts[0], bias=self.bias, owner=self, node_dim=self.node_dim)
+        layer_calls.keep(self, edge_index, edge_weight, self._decision_objects(), self._decision_values(), x)
+        return out
+
+    def _as_decided(self, x, edge_index, edge_weight) -> Tensor | None:
+        """The output of a call like this layer's previous served one, run as that one decided
+        (fgplugin.layer_calls), or ``None``: then the full path runs."""
+        if torch.compiler.is_compiling() or not self._fgplugin_serves() or self.lin._forward_hooks \
+                or self.lin._forward_pre_hooks:
+            return None
+        decision = layer_calls.find(self, edge_index, edge_weight, self._decision_objects(), self._decision_values(), x)
+        if decision is None:
+            return None
+        return aggregate_as_decided(decision, self, x, self.lin.weight.t(), self.bias)
+
+    def _decision_objects(self) -> tuple:
+        """What the layer's decisions read, by identity: its linear map, weight, bias and graph caches."""
+        return self.lin, self.lin.weight, self.bias, self._cached_edge_index, self._cached_adj_t
 
     def _decision_values(self) -> tuple:
-        return self.normalize, self.improved, self.add_self_loops, self.cached, self.flow, self.node_dim
+        """The layer's plain settings and shapes that its decisions read, compared by equality (a
+        write to ``weight.data`` may change the weight's shape, not the object)."""
+        weight, bias = self.lin.weight, self.bias
+        return (self.normalize, self.improved, self.add_self_loops, self.cached, self.flow, self.node_dim,
+                weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype))
 
     def _aggregation(self, n: int, edge_index, edge_weight, dtype) -> Aggregation | DeferredAggregation | None:
         cache_name = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"
