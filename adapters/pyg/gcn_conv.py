@@ -47,28 +47,33 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
             return aggregate(aggregation, x, weight=parts[0], bias=self.bias, owner=self, node_dim=self.node_dim)
         layer_calls.deciding(self)
         out = aggregate(aggregation, x, weight=parts[0], bias=self.bias, owner=self, node_dim=self.node_dim)
-        layer_calls.keep(self, edge_index, edge_weight, self._decision_objects(), self._decision_values(), x)
+        weight, bias = self.lin.weight, self.bias
+        layer_calls.keep(self, edge_index, edge_weight, self._decision_objects(self.lin, weight, bias),
+                         self._decision_values(weight, bias), x)
         return out
 
     def _as_decided(self, x, edge_index, edge_weight) -> Tensor | None:
         """The output of a call like this layer's previous served one, run as that one decided
         (fgplugin.layer_calls), or ``None``: then the full path runs."""
-        if torch.compiler.is_compiling() or not self._fgplugin_serves() or self.lin._forward_hooks \
-                or self.lin._forward_pre_hooks:
+        if torch.compiler.is_compiling() or not self._fgplugin_serves():
             return None
-        decision = layer_calls.find(self, edge_index, edge_weight, self._decision_objects(), self._decision_values(), x)
+        lin = self.lin  # each read through nn.Module's __getattr__ costs a microsecond: once
+        if lin._forward_hooks or lin._forward_pre_hooks:
+            return None
+        weight, bias = lin.weight, self.bias
+        decision = layer_calls.find(self, edge_index, edge_weight, self._decision_objects(lin, weight, bias),
+                                    self._decision_values(weight, bias), x)
         if decision is None:
             return None
-        return aggregate_as_decided(decision, self, x, self.lin.weight.t(), self.bias)
+        return aggregate_as_decided(decision, self, x, weight.t(), bias)
 
-    def _decision_objects(self) -> tuple:
+    def _decision_objects(self, lin, weight, bias) -> tuple:
         """What the layer's decisions read, by identity: its linear map, weight, bias and graph caches."""
-        return self.lin, self.lin.weight, self.bias, self._cached_edge_index, self._cached_adj_t
+        return lin, weight, bias, self._cached_edge_index, self._cached_adj_t
 
-    def _decision_values(self) -> tuple:
+    def _decision_values(self, weight, bias) -> tuple:
         """The layer's plain settings and shapes that its decisions read, compared by equality (a
         write to ``weight.data`` may change the weight's shape, not the object)."""
-        weight, bias = self.lin.weight, self.bias
         return (self.normalize, self.improved, self.add_self_loops, self.cached, self.flow, self.node_dim,
                 weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype))
 
