@@ -123,13 +123,11 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     """What :func:`aggregate` returns for a call like the one that made ``decision``
     (fgplugin.layer_calls), with the same ops; ``None`` where the decision no longer applies (the
     graph was freed, the input cache let go of ``x``'s aggregation): then call :func:`aggregate`."""
+    if decision.kind == layer_calls.KEPT_INPUT:
+        kept = input_cache.of(owner).kept_for(x)
+        return transform_with_bias(kept, weight, bias) if isinstance(kept, Tensor) else None
     parts = decision.aggregation_parts()
-    if parts is None:
-        return None
-    if decision.kind == layer_calls.TRANSFORMED:
-        return _transformed_product(Aggregation(*parts), x, weight, bias, decision.width)
-    kept = input_cache.of(owner).kept_for(x)
-    return transform_with_bias(kept, weight, bias) if isinstance(kept, Tensor) else None
+    return None if parts is None else _transformed_product(Aggregation(*parts), x, weight, bias, decision.width)
 
 
 def is_distributed(obj, module: str, name: str) -> bool:

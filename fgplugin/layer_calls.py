@@ -51,7 +51,8 @@ _KEPT = "_fgplugin_layer_call"
 def _weak(obj):
     """``obj`` as a kept call refers to it: tensors, modules and other objects by weak reference,
     tuples part by part, and what takes no weak reference (``None``, numbers, strings, dtypes)
-    itself."""
+    itself. Unlike fgplugin.input_cache's key, tensors are not also keyed by their version: the
+    weights change every step and the decision holds across."""
     if isinstance(obj, tuple):
         return tuple(_weak(part) for part in obj)
     try:
@@ -109,7 +110,7 @@ def decided(owner, kind: str, adj: TiledAdjacency, norm: Normalization, width: i
     ``owner``, a layer that asked for it (:func:`deciding`)."""
     # first: torch.compile traces aggregate(), and no kept call is made there
     if not torch.compiler.is_compiling() and owner is not None and _PENDING in owner.__dict__:
-        owner.__dict__[_PENDING] = Decision(kind, weakref.ref(adj), _weak(tuple(norm)), width)
+        owner.__dict__[_PENDING] = Decision(kind, weakref.ref(adj), _weak(norm), width)
 
 
 class KeptLayerCall:
