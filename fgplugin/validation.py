@@ -1,6 +1,8 @@
 """Input checks with errors that say what was wrong, what was expected and how to fix it.
 
-They run once when an adjacency is built (O(E), one host sync each), never in the training step.
+They run once when an adjacency is built (O(E), one host sync each), never in the training step,
+except :func:`check_autograd_history`, which runs only for edge values or scales that carry an
+autograd history.
 """
 from __future__ import annotations
 
@@ -98,3 +100,36 @@ def check_tile_options(tile_size, threshold) -> None:
     if not isinstance(tile_size, int) or isinstance(tile_size, bool) or tile_size < 1:
         raise ValueError(f"tile_size must be a positive int (32 is the default and what the CUDA kernel tiles), got {tile_size!r}")
     check_threshold(threshold)
+
+
+_RAW_SAVED: dict[type, tuple[str, ...]] = {}  # autograd node type -> its saved values' raw accessors
+_HISTORY_NODES = 8  # how far back a history is looked at: what the adjacency's own build recorded and a little more
+
+
+def check_autograd_history(tensor: torch.Tensor, what: str, name: str) -> None:
+    """Raises a ValueError where ``tensor`` (an adjacency's edge values or a scale computed from them)
+    was computed by ops whose saved values a backward pass has freed: the next backward through
+    it would fail with torch's "backward through the graph a second time" and no hint. That is an
+    adjacency built once from edge weights that need a gradient and reused across steps. Reads the
+    saved values' raw accessors of the last few nodes of its history (no unpack hook runs)."""
+    nodes, looked = [tensor.grad_fn], 0
+    while nodes and looked < _HISTORY_NODES:
+        node = nodes.pop()
+        if node is None:
+            continue
+        looked += 1
+        names = _RAW_SAVED.get(type(node))
+        if names is None:
+            names = _RAW_SAVED[type(node)] = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
+        try:
+            for attr in names:
+                getattr(node, attr)
+        except RuntimeError:
+            raise ValueError(
+                f"{name}: the {what} were computed from tensors that need a gradient, and a "
+                "backward pass has freed that computation, so no gradient can flow through it again (an "
+                "adjacency built once from learnable weights serves one backward pass). Build the structure "
+                "once without weights and give it the weights inside each step: adj = "
+                "TiledAdjacency.from_edge_index(edge_index, num_nodes), then adj.with_values(edge_weight) and "
+                "its .norm(...) in the step") from None
+        nodes.extend(next_node for next_node, _ in node.next_functions)

@@ -176,3 +176,50 @@ def test_an_in_place_write_to_edge_index_is_seen():
     edge_index[0, 0] = 2
     assert not torch.allclose(conv(x, edge_index), before)
     assert torch.allclose(conv(x, edge_index), conv(x, edge_index.clone()))
+
+
+@pytest.mark.parametrize("scales_from", ["norm each step", "norm kept from the first step", "plain sum"])
+def test_an_adjacency_built_once_from_learnable_weights_names_the_fix_on_its_second_step(scales_from):
+    # its edge values are computed from the weights once, and the first backward pass frees that
+    # computation: the second product must say so and how to fix it, not fail inside backward()
+    torch.manual_seed(0)
+    n = 40
+    edge_index = torch.randint(0, n, (2, 200))
+    weight = torch.rand(200, requires_grad=True)
+    x = torch.randn(n, 8, requires_grad=True)
+    adj = TiledAdjacency.from_edge_index(edge_index, n, weight)
+    first_scales = adj.norm("gcn")
+
+    def product():
+        scales = {"norm each step": adj.norm("gcn"), "norm kept from the first step": first_scales,
+                  "plain sum": ()}[scales_from]
+        return fgplugin.spmm(adj, x, *scales)
+
+    product().sum().backward()
+    assert weight.grad is not None and weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match=r"backward pass has freed.*adj\.with_values\(edge_weight\)"):
+        product()
+    with torch.no_grad():  # nothing to backward through: still served
+        assert torch.isfinite(product()).all()
+
+
+def test_learnable_weights_given_each_step_and_retained_graphs_keep_working():
+    torch.manual_seed(0)
+    n = 40
+    edge_index = torch.randint(0, n, (2, 200))
+    weight = torch.rand(200, requires_grad=True)
+    x = torch.randn(n, 8)
+    structure = TiledAdjacency.from_edge_index(edge_index, n)
+    grads = []
+    for _ in range(3):
+        adj = structure.with_values(weight)
+        fgplugin.spmm(adj, x, *adj.norm("gcn")).sum().backward()
+        grads.append(weight.grad.clone())
+        weight.grad = None
+    assert all(torch.equal(grads[0], g) for g in grads[1:])
+    # built once and backed through with retain_graph: the history stays, and gradients add up
+    adj = TiledAdjacency.from_edge_index(edge_index, n, weight)
+    fgplugin.spmm(adj, x).sum().backward(retain_graph=True)
+    once = weight.grad.clone()
+    fgplugin.spmm(adj, x).sum().backward(retain_graph=True)
+    assert once.abs().sum() > 0 and torch.allclose(weight.grad, 2 * once)
