@@ -61,6 +61,17 @@ class KeptSpmm {
                    t_values_, t_plan_, t_plan_layout_, bias, width_);
   }
 
+  // A GCN layer's A (x W^T) + b: x times its linear map's weight ([out, F], transposed and padded
+  // by `weight_pad` zero columns), then the call above. The same ATen ops as the layer's Python
+  // path (fgplugin/aggregation.py's _transformed_product), so the same autograd nodes and results,
+  // bit for bit; here they cost no Python dispatch (fgplugin/layer_calls.py keeps this call).
+  at::Tensor transformed(const at::Tensor& x, const at::Tensor& weight, int64_t weight_pad, const OptTensor& row_scale,
+                         const OptTensor& col_scale, const OptTensor& diag, const OptTensor& bias) const {
+    TORCH_CHECK(weight_pad >= 0, "KeptSpmm.transformed: weight_pad must be >= 0, got ", num(weight_pad));
+    const at::Tensor w = weight_pad ? at::constant_pad_nd(weight.t(), {0, weight_pad}) : weight.t();
+    return (*this)(at::matmul(x, w), row_scale, col_scale, diag, bias);
+  }
+
   int64_t width() const { return width_; }
   int64_t pad() const { return pad_; }
   bool wrt_x() const { return wrt_x_; }
@@ -101,6 +112,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           pybind11::arg("adj"), pybind11::arg("x"), pybind11::arg("row_scale"), pybind11::arg("col_scale"),
           pybind11::arg("diag"), pybind11::arg("bias"))
+      .def(
+          "transformed",
+          [](const KeptSpmm& self, const at::Tensor& x, const at::Tensor& weight, int64_t weight_pad,
+             const std::optional<at::Tensor>& row_scale, const std::optional<at::Tensor>& col_scale,
+             const std::optional<at::Tensor>& diag, const std::optional<at::Tensor>& bias) {
+            pybind11::gil_scoped_release no_gil;
+            return self.transformed(x, weight, weight_pad, row_scale, col_scale, diag, bias);
+          },
+          pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("weight_pad"), pybind11::arg("row_scale"),
+          pybind11::arg("col_scale"), pybind11::arg("diag"), pybind11::arg("bias"))
       .def_property_readonly("width", &KeptSpmm::width)
       .def_property_readonly("pad", &KeptSpmm::pad)
       .def_property_readonly("wrt_x", &KeptSpmm::wrt_x);

@@ -43,7 +43,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import input_cache, layer_calls, ops, sparse_input
+from . import input_cache, layer_calls, ops, repeated_calls, sparse_input
 from .normalization import Normalization
 from .ops import padded_width
 from .tiling import TiledAdjacency
@@ -121,13 +121,22 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
 def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module, x: Tensor, weight: Tensor,
                          bias: Tensor | None) -> Tensor | None:
     """What :func:`aggregate` returns for a call like the one that made ``decision``
-    (fgplugin.layer_calls), with the same ops; ``None`` where the decision no longer applies (the
-    graph was freed, the input cache let go of ``x``'s aggregation): then call :func:`aggregate`."""
+    (fgplugin.layer_calls), with the same ops; ``weight``: the layer's linear map's ``[out, F]``
+    (``x W^T``). ``None`` where the decision no longer applies (the graph was freed, the input
+    cache let go of ``x``'s aggregation, the product's kept call was let go of): then call
+    :func:`aggregate`."""
     if decision.kind == layer_calls.KEPT_INPUT:
         kept = input_cache.of(owner).kept_for(x)
-        return transform_with_bias(kept, weight, bias) if isinstance(kept, Tensor) else None
+        return transform_with_bias(kept, weight.t(), bias) if isinstance(kept, Tensor) else None
     parts = decision.aggregation_parts()
-    return None if parts is None else _transformed_product(Aggregation(*parts), x, weight, bias, decision.width)
+    if parts is None:
+        return None
+    product = layer_calls.product_call(decision, *parts)
+    if product is None:
+        return _transformed_product(Aggregation(*parts), x, weight.t(), bias, decision.width)
+    if product is False:
+        return None
+    return product.transformed(x, weight, decision.width - weight.shape[0], *parts[1], bias)
 
 
 def is_distributed(obj, module: str, name: str) -> bool:
@@ -185,7 +194,7 @@ def _aggregate_transformed(graph, x: Tensor, weight: Tensor, bias: Tensor | None
     if type(graph).__call__ is Aggregation.__call__ and hops >= 1 and len(x.shape) == 2 and node_dim % 2 == 0:
         if hops == 1:
             layer_calls.decided(owner, layer_calls.TRANSFORMED, graph.adj, graph.norm, width)
-        return _transformed_product(graph, x, weight, bias, width, hops)
+        return _transformed_product(graph, x, weight, bias, width, hops, owner)
     h = _padded_product(x, weight, width)
     if width == out:
         return _plus_bias(_propagate(graph, h, hops, node_dim), bias)
@@ -194,11 +203,15 @@ def _aggregate_transformed(graph, x: Tensor, weight: Tensor, bias: Tensor | None
 
 
 def _transformed_product(graph: Aggregation, x: Tensor, weight: Tensor, bias: Tensor | None, width: int,
-                         hops: int = 1) -> Tensor:
+                         hops: int = 1, owner: torch.nn.Module | None = None) -> Tensor:
     """``graph^hops (x @ weight) + bias`` with ``weight`` padded by zero columns to ``width``, the
-    bias added and the padding cut in the last product's output pass."""
+    bias added and the padding cut in the last product's output pass. For a layer (``owner``)
+    deciding its call (fgplugin.layer_calls), the product's kept call is noted with the decision."""
     h = _padded_product(x, weight, width)
-    return graph(_propagate(graph, h, hops - 1), bias, weight.shape[1])
+    out = graph(_propagate(graph, h, hops - 1), bias, weight.shape[1])
+    if owner is not None and hops == 1 and layer_calls.is_deciding(owner):
+        layer_calls.decided_product(owner, repeated_calls.find(graph.adj, h, *graph.norm, bias, weight.shape[1]))
+    return out
 
 
 def _padded_product(x: Tensor, weight: Tensor, width: int) -> Tensor:

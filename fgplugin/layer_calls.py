@@ -15,7 +15,11 @@ So a layer keeps the decided call of its last call (:class:`KeptLayerCall`) and 
 same key runs it at once. Two decisions are kept, the two a training step makes:
 
 - ``x`` needs a gradient (a hidden layer's input): ``A (x W) + b`` as :func:`fgplugin.spmm` of the
-  (padded) product with the bias in its output pass;
+  (padded) product with the bias in its output pass; where the product's own kept call is the
+  extension's ``KeptSpmm`` (fgplugin.repeated_calls), the decision holds it (weakly) and runs the
+  matrix product and the SpMM in one step from C++ (its ``transformed``: the same ATen ops), with
+  no Python dispatch between them and no second lookup; its key then also covers the product's
+  switches, and edge values or scales that came to need a gradient send the call the full way;
 - ``x`` is the constant input whose aggregation the layer keeps dense (fgplugin.input_cache):
   ``(A x) W + b`` (one ``addmm`` where it can be) on the kept tensor, asked for anew on every call
   (the input cache checks ``x``'s identity and version).
@@ -38,9 +42,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from . import _extension
 from .config import settings
 from .normalization import Normalization
-from .repeated_calls import context_allows
+from .repeated_calls import context_allows, need_grads
 from .tiling import TiledAdjacency
 
 TRANSFORMED, KEPT_INPUT = "transformed", "kept input"
@@ -89,6 +94,7 @@ class Decision(NamedTuple):
     adj: weakref.ref
     norm: tuple
     width: int = 0
+    product: weakref.ref | None = None  # TRANSFORMED: the product's kept call (see decided_product)
 
     def aggregation_parts(self) -> tuple[TiledAdjacency, Normalization] | None:
         """``(adj, scales)``, or ``None`` where either was freed."""
@@ -111,6 +117,36 @@ def decided(owner, kind: str, adj: TiledAdjacency, norm: Normalization, width: i
     # first: torch.compile traces aggregate(), and no kept call is made there
     if not torch.compiler.is_compiling() and owner is not None and _PENDING in owner.__dict__:
         owner.__dict__[_PENDING] = Decision(kind, weakref.ref(adj), _weak(norm), width)
+
+
+def is_deciding(owner) -> bool:
+    """Whether ``owner``'s call under way has a decision noted (:func:`decided`) that is not kept yet."""
+    return owner.__dict__.get(_PENDING) is not None
+
+
+def decided_product(owner, kept_call) -> None:
+    """Notes, for ``owner``'s call under way, the kept ``fgplugin.spmm`` call (fgplugin.repeated_calls)
+    that served its ``TRANSFORMED`` product, where that is the extension's ``KeptSpmm`` recording the
+    gradient of ``x`` alone: a repeated layer call then runs ``A (x W^T) + b`` in it, in one step
+    from C++ (its ``transformed``), without the product's own lookup."""
+    pending = owner.__dict__.get(_PENDING)
+    if (pending is not None and pending.kind == TRANSFORMED and isinstance(kept_call, _extension.kept_spmm or ())
+            and kept_call.wrt_x):
+        owner.__dict__[_PENDING] = pending._replace(product=weakref.ref(kept_call))
+
+
+def product_call(decision: Decision, adj: TiledAdjacency, norm: Normalization):
+    """The kept ``KeptSpmm`` of a ``TRANSFORMED`` decision (:func:`decided_product`) where it still
+    serves this call; ``None`` where none was kept (the layer runs the product through
+    ``fgplugin.spmm``); ``False`` where it was let go of (the adjacency's kept calls were
+    cleared) or the edge values or scales need a gradient now (``requires_grad_`` in place does
+    not change a version): then the layer decides afresh."""
+    if decision.product is None:
+        return None
+    kept_call = decision.product()
+    if kept_call is None or need_grads(adj.values, *norm):
+        return False
+    return kept_call
 
 
 class KeptLayerCall:
@@ -140,12 +176,14 @@ def _dropped():
 
 def _key(graph_input, values: tuple, x: Tensor, decision: Decision) -> tuple:
     """What a decision depends on besides objects' identities: the layer's plain settings
-    (``values``), ``x``'s kind, grad mode, the switches, and the versions of the graph input and
-    of the edge values the scales were computed from."""
+    (``values``), ``x``'s kind, grad mode, the switches (the product's too, which a kept product
+    call would otherwise skip), and the versions of the graph input and of the edge values the
+    scales were computed from."""
     adj = decision.adj()
     edge_values = None if adj is None else adj.values
     return (values, x.dtype, x.device, x.shape, x.requires_grad, torch.is_grad_enabled(), settings.input_cache,
-            settings.sparse_input, graph_input._version if isinstance(graph_input, Tensor) else None,
+            settings.sparse_input, settings.cusparse, settings.block_adaptive, settings.skip_zero_rows,
+            graph_input._version if isinstance(graph_input, Tensor) else None,
             adj is None, None if edge_values is None else edge_values._version)
 
 

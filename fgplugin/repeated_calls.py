@@ -71,7 +71,7 @@ def find(adj, x, row_scale, col_scale, diag, bias, width):
     r, c, d, b = refs
     if ((r is not None and r() is not row_scale) or (c is not None and c() is not col_scale)
             or (d is not None and d() is not diag) or (b is not None and b() is not bias)
-            or _need_grads(adj.values, row_scale, col_scale, diag)):
+            or need_grads(adj.values, row_scale, col_scale, diag)):
         return None
     return prepared
 
@@ -86,7 +86,7 @@ def keep(adj, x, row_scale, col_scale, diag, bias, width, prepared, checked: tup
     values = adj.values
     if values is not None and values.is_inference():
         return  # no version to key on
-    if _need_grads(values, row_scale, col_scale, diag):
+    if need_grads(values, row_scale, col_scale, diag):
         return
     calls = adj._calls
     key = key_of(adj, x, row_scale, col_scale, diag, bias, width)
@@ -114,7 +114,7 @@ def context_allows(x: torch.Tensor) -> bool:
 _any_autocast = torch._C._is_any_autocast_enabled
 
 
-def _need_grads(values, row_scale, col_scale, diag) -> bool:
+def need_grads(values, row_scale=None, col_scale=None, diag=None) -> bool:
     """Whether the edge values, scales or diagonal need a gradient: such calls take the full path."""
     return ((values is not None and values.requires_grad) or (row_scale is not None and row_scale.requires_grad)
             or (col_scale is not None and col_scale.requires_grad)

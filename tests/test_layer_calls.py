@@ -78,6 +78,8 @@ def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, 
         assert len(full) == (step == 0)  # decided once, then repeated
         grad = torch.randn_like(out)
         out.backward(grad)
+        if step and fgplugin.extension_status().loaded:  # repeated in one step from C++ (KeptSpmm.transformed)
+            assert conv.__dict__["_fgplugin_layer_call"].decision.product() is not None
         kept_grads = (x.grad.clone(), conv.lin.weight.grad.clone(), conv.bias.grad.clone())
         x.grad = conv.lin.weight.grad = conv.bias.grad = None
         again = _full_path(conv, x, g)
@@ -193,6 +195,38 @@ def test_hooks_grad_mode_autocast_and_switches_take_the_full_path(device, monkey
     finally:
         fgplugin.set_input_cache(previous)
     assert full
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_hidden_layers_kept_product_is_dropped_where_it_no_longer_serves(device, monkeypatch):
+    if not fgplugin.extension_status().loaded:
+        pytest.skip("the kept product is the C++ extension's KeptSpmm, which is not built here")
+    conv, g = _setup(device)
+    x = torch.randn(60, IN, device=device, requires_grad=True)
+    for _ in range(2):
+        conv(x, g)
+    assert conv.__dict__["_fgplugin_layer_call"].decision.product() is not None
+    full = _spy_full_path(monkeypatch)
+    g._calls.clear()  # the adjacency let go of its kept products (as for new edge values)
+    out = conv(x, g)
+    assert full and torch.equal(out, _full_path(conv, x, g))
+    full.clear()
+    conv(x, g)
+    assert not full  # decided again, with the product's new kept call
+    previous = fgplugin.set_cusparse("1")  # a switch the product's own lookup would see
+    try:
+        out = conv(x, g)
+    finally:
+        fgplugin.set_cusparse(previous)
+    assert full and rel_error(out, _stock(conv, x, g)) <= 1e-5
+    conv(x, g)
+    full.clear()
+    g.values.requires_grad_()  # in place: no version changes, and the product must record their gradient
+    out = conv(x, g)
+    assert full
+    out.sum().backward()
+    assert g.values.grad is not None and g.values.grad.abs().sum() > 0
+    assert rel_error(out, _stock(conv, x, g)) <= 1e-5
 
 
 @pytest.mark.parametrize("device", DEVICES)

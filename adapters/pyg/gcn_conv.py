@@ -65,7 +65,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
                                     self._decision_values(weight, bias), x)
         if decision is None:
             return None
-        return aggregate_as_decided(decision, self, x, weight.t(), bias)
+        return aggregate_as_decided(decision, self, x, weight, bias)
 
     def _decision_objects(self, lin, weight, bias) -> tuple:
         """What the layer's decisions read, by identity: its linear map, weight, bias and graph caches."""
@@ -75,7 +75,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         """The layer's plain settings and shapes that its decisions read, compared by equality (a
         write to ``weight.data`` may change the weight's shape, not the object)."""
         return (self.normalize, self.improved, self.add_self_loops, self.cached, self.flow, self.node_dim,
-                weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype))
+                weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype, bias.requires_grad))
 
     def _aggregation(self, n: int, edge_index, edge_weight, dtype) -> Aggregation | DeferredAggregation | None:
         cache_name = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"
