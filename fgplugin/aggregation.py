@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+from torch.overrides import has_torch_function
 
 from . import input_cache, layer_calls, ops, repeated_calls, sparse_input
 from .normalization import Normalization
@@ -132,7 +133,8 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     if parts is None:
         return None
     product = layer_calls.product_call(decision, *parts)
-    if product is None:
+    # a weight or bias with a __torch_function__ of its own must see its ops: the C++ call skips it
+    if product is None or has_torch_function((weight, bias)):
         return _transformed_product(Aggregation(*parts), x, weight.t(), bias, decision.width)
     if product is False:
         return None

@@ -34,7 +34,6 @@ from .inference_mode import outside_inference_mode
 from .reference import (dense_tile_arch_reference, dropout_reference, nonzero_rows_reference, pad_columns_reference,
                         sddmm_reference, set_wgmma_reference, spmm_if_reference, spmm_reference)
 from .tiling import TiledAdjacency
-from .validation import check_autograd_history
 
 #: The ops' schemas, as csrc/<op>.cpp defines them (tests/test_extension.py checks they agree).
 SCHEMAS = {
@@ -651,25 +650,12 @@ def checked_inputs(adj, x, row_scale, col_scale, diag, name: str, adjoint: bool 
     if x.device != adj.device:
         raise ValueError(f"{name}: x is on {x.device} but the adjacency is on {adj.device}; "
                          f"move it with adj.to({str(x.device)!r})")
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        _check_histories(adj, row_scale, col_scale, diag, name)
     aux = aux_dtype_for(x.dtype)
     if isinstance(diag, (int, float)):
         diag = _diag_vector(adj, diag, aux)
     return (_as_aux(row_scale, "row_scale", n_rows, aux, x.device),
             _as_aux(col_scale, "col_scale", n_cols, aux, x.device),
             _as_aux(diag, "diag", min(n_rows, n_cols), aux, x.device))
-
-
-def _check_histories(adj, row_scale, col_scale, diag, name: str) -> None:
-    """Edge values and scales whose autograd history a backward pass freed are refused with the
-    fix (fgplugin.validation.check_autograd_history); ones without a history cost nothing."""
-    values = adj.values
-    if values is not None and values.grad_fn is not None:
-        check_autograd_history(values, "adjacency's edge values", name)
-    for scale in (row_scale, col_scale, diag):
-        if isinstance(scale, torch.Tensor) and scale.grad_fn is not None:
-            check_autograd_history(scale, "scales (adj.norm(...))", name)
 
 
 def _diag_vector(adj, diag: float, aux: torch.dtype) -> torch.Tensor | None:

@@ -21,7 +21,8 @@ from ._csr import index_dtype_for, inverse_permutation, rows_of_edges, rowptr_fr
 from .kernel_plan import KernelPlan, block_adaptive_available, build_kernel_plan
 from .normalization import normalization
 from .tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
-from .validation import check_csr, check_edge_index, check_edge_values, check_perm, check_tile_options
+from .validation import (check_csr, check_edge_index, check_edge_values, check_perm, check_tile_options,
+                         refuse_spent_weights)
 
 MAX_CONSTANT_DIAGS = 4  # float diagonals kept per dtype (constant_diag)
 MAX_WEIGHTED_COPIES = 4  # copies with_values keeps per adjacency (one per set of weights in use)
@@ -152,7 +153,7 @@ class TiledAdjacency:
         rows = dst[order]
         rowptr = rowptr_from_sorted_rows(rows, n_dst, dtype)
         col = src[order].to(dtype)
-        values = None if edge_weight is None else edge_weight[order]
+        values = None if edge_weight is None else refuse_spent_weights(edge_weight[order])
         edge_perm = order.to(dtype) if keep_edge_order else None
         if perm is not None:
             perm = check_perm(perm, n_dst, edge_index.device) if n_src == n_dst else _refuse_perm_rectangular()
@@ -206,7 +207,7 @@ class TiledAdjacency:
         edge_values = check_edge_values(edge_values, self.nnz, "edge values", self.device,
                                         check_finite=not (torch.compiler.is_compiling() or capturing(edge_values)))
         if self.edge_perm is not None:
-            edge_values = edge_values[self.edge_perm.long()]
+            edge_values = refuse_spent_weights(edge_values[self.edge_perm.long()])
         copy = self._copy(values=edge_values)
         if memo is not None:
             memo.pop(id(source), None)

@@ -1,8 +1,6 @@
 """Input checks with errors that say what was wrong, what was expected and how to fix it.
 
-They run once when an adjacency is built (O(E), one host sync each), never in the training step,
-except :func:`check_autograd_history`, which runs only for edge values or scales that carry an
-autograd history.
+They run once when an adjacency is built (O(E), one host sync each), never in the training step.
 """
 from __future__ import annotations
 
@@ -102,34 +100,31 @@ def check_tile_options(tile_size, threshold) -> None:
     check_threshold(threshold)
 
 
-_RAW_SAVED: dict[type, tuple[str, ...]] = {}  # autograd node type -> its saved values' raw accessors
-_HISTORY_NODES = 8  # how far back a history is looked at: what the adjacency's own build recorded and a little more
 
+def refuse_spent_weights(values: torch.Tensor) -> torch.Tensor:
+    """``values``, the CSR-ordered edge weights an adjacency indexed out of weights that need a
+    gradient, with a hook that raises a ValueError naming the fix where a later backward pass
+    reaches them after an earlier one freed that indexing: an adjacency built once from learnable
+    weights and reused across training steps. Without it, that backward fails inside autograd
+    with "Trying to backward through the graph a second time", which names neither the adjacency
+    nor the fix. The hook runs only when a gradient reaches the values, so forward passes and
+    gradients for other inputs are untouched, and a graph kept with ``retain_graph=True`` keeps
+    working."""
+    if not values.requires_grad or values.grad_fn is None or torch.compiler.is_compiling():
+        return values
+    indexing = values.grad_fn  # the adjacency's own indexing, whose saved indices a backward frees
 
-def check_autograd_history(tensor: torch.Tensor, what: str, name: str) -> None:
-    """Raises a ValueError where ``tensor`` (an adjacency's edge values or a scale computed from them)
-    was computed by ops whose saved values a backward pass has freed: the next backward through
-    it would fail with torch's "backward through the graph a second time" and no hint. That is an
-    adjacency built once from edge weights that need a gradient and reused across steps. Reads the
-    saved values' raw accessors of the last few nodes of its history (no unpack hook runs)."""
-    nodes, looked = [tensor.grad_fn], 0
-    while nodes and looked < _HISTORY_NODES:
-        node = nodes.pop()
-        if node is None:
-            continue
-        looked += 1
-        names = _RAW_SAVED.get(type(node))
-        if names is None:
-            names = _RAW_SAVED[type(node)] = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
+    def refuse_if_spent(grad):
         try:
-            for attr in names:
-                getattr(node, attr)
+            indexing._raw_saved_indices
         except RuntimeError:
             raise ValueError(
-                f"{name}: the {what} were computed from tensors that need a gradient, and a "
-                "backward pass has freed that computation, so no gradient can flow through it again (an "
-                "adjacency built once from learnable weights serves one backward pass). Build the structure "
-                "once without weights and give it the weights inside each step: adj = "
-                "TiledAdjacency.from_edge_index(edge_index, num_nodes), then adj.with_values(edge_weight) and "
-                "its .norm(...) in the step") from None
-        nodes.extend(next_node for next_node, _ in node.next_functions)
+                "backward through an adjacency's edge weights that an earlier backward pass already went "
+                "through: the adjacency was built once from weights that need a gradient and reused, and its "
+                "copy of them serves one backward pass. Build the structure once without weights and give it "
+                "the weights inside each step: adj = TiledAdjacency.from_edge_index(edge_index, num_nodes), "
+                "then adj.with_values(edge_weight) in the step (a PyG layer given learnable edge weights "
+                "does this when built with cached=False)") from None
+
+    values.register_hook(refuse_if_spent)
+    return values

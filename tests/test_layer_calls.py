@@ -308,3 +308,27 @@ def test_a_weight_reshaped_through_data_or_an_inference_graph_is_served_right(de
         x = torch.randn(60, IN, device=device, requires_grad=not constant)
         for _ in range(3):  # no version to key a kept call on: every call takes the full path
             assert rel_error(conv(x, edge_index), _stock(conv, x, edge_index.clone())) <= 1e-5
+
+
+class _RoundedWeight(torch.nn.Parameter):
+    """A weight whose transpose (what GCNConv multiplies by) is rounded, as a fake-quantized
+    weight's would be."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+            return torch.round(out * 4) / 4 if func is torch.Tensor.t else out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_weight_with_a_torch_function_of_its_own_sees_every_repeated_call(device):
+    conv, g = _setup(device)
+    base = conv.lin.weight.detach().clone()
+    conv.lin.weight = _RoundedWeight(base.clone())
+    x = torch.randn(60, IN, device=device, requires_grad=True)
+    outs = [conv(x, g) for _ in range(3)]
+    assert conv.__dict__.get("_fgplugin_layer_call") is not None  # repeated as decided
+    conv.lin.weight = torch.nn.Parameter(torch.round(base * 4) / 4)
+    want = _full_path(conv, x, g)
+    assert all(torch.equal(out, want) for out in outs)
