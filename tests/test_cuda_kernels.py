@@ -369,8 +369,11 @@ def test_bf16_backward_and_plan_cache():
 
 
 @requires_kernel
-def test_auto_threshold_probe():
+def test_auto_threshold_probe(monkeypatch):
+    from fgplugin import autotune
     from fgplugin.autotune import CANDIDATES, choose_threshold, probe_thresholds
+
+    monkeypatch.setattr(autotune, "PROBE_MIN_NNZ", 0)  # probe these small graphs too
 
     case = clustered_case(4, n_src=2000, max_hub_edges=900)
     adj = _adj(case).to("cuda")
@@ -411,6 +414,7 @@ def test_the_probe_keeps_the_plan_it_chose(monkeypatch):
         return built[-1]
 
     monkeypatch.setattr(autotune, "build_kernel_plan", counting)
+    monkeypatch.setattr(autotune, "PROBE_MIN_NNZ", 0)  # probe these small graphs too
     auto = _adj(clustered_case(4, n_src=2000, max_hub_edges=900)).to("cuda").with_tiles(threshold="auto")
     chosen = auto.resolved_threshold(torch.float32)
     times = auto._shared[("auto_threshold", auto.tile_size, auto.device, "fp32")]["times_ms"]

@@ -363,3 +363,24 @@ def test_threshold_probe_groups_candidates_by_plan():
     many = torch.cat([counts, torch.full((40000,), 3)])
     assert 600 / int(many.sum()) < MIN_DENSE_SHARE
     assert sorted(map(sorted, plan_groups(many, int(many.sum()), (0.02, 0.05, 0.10, 1.0)))) == [[0.02, 0.05, 0.1, 1.0]]
+
+
+def test_graphs_under_the_probe_floor_get_no_dense_tiles_unprobed(monkeypatch):
+    """On CUDA a graph under PROBE_MIN_NNZ non-zeros gets 1.0 (no dense tiles) without a plan
+    built or timed; one at the floor is probed and gets the probe's choice."""
+    from types import SimpleNamespace
+
+    from fgplugin import autotune
+
+    probed = []
+
+    def probe(adj, **kwargs):
+        probed.append(adj.nnz)
+        return {0.05: 0.5, 1.0: 1.0}  # dense tiles twice as fast
+
+    monkeypatch.setattr(autotune, "probe_thresholds", probe)
+    cuda = torch.device("cuda")  # only its type is read: no GPU needed
+    small = SimpleNamespace(device=cuda, nnz=autotune.PROBE_MIN_NNZ - 1)
+    assert autotune.choose_threshold(small) == {"threshold": 1.0, "times_ms": {}, "plan": None} and not probed
+    large = SimpleNamespace(device=cuda, nnz=autotune.PROBE_MIN_NNZ)
+    assert autotune.choose_threshold(large)["threshold"] == 0.05 and probed == [autotune.PROBE_MIN_NNZ]
