@@ -6,8 +6,9 @@ without dense tiles towards denser ones until one is slower (:func:`search_group
 forward SpMM (F = 128 by default, random features in the dtype class of the run, with row and
 column scales so the kernel does the work a GCN layer does) with CUDA events, and keeps the
 fastest, a plan with dense tiles only if it is ``MIN_DENSE_GAIN`` faster than the one without
-(:func:`fastest`). It costs a plan build and a few runs per plan timed (H100: 4-24 ms on the real
-graphs; 0.07-0.54 s on the 75-120M-edge synthetic ones; docs/results.md) and runs once per graph,
+(:func:`fastest`). It costs a plan build and a few runs per plan timed (H100: 0.07-0.54 s on the
+75-120M-edge synthetic graphs, 4-108 ms on the 0.01-2.7M-edge real ones, which are no longer
+probed: ``PROBE_MIN_NNZ``; docs/results.md) and runs once per graph,
 tile size, device and dtype class (fp32 / 16-bit). ``TiledAdjacency.kernel_plan`` calls
 :func:`choose_threshold` before it builds a plan and keeps the choice and the winning plan on the
 adjacency. Off CUDA it returns the fixed default; graphs under ``PROBE_MIN_NNZ`` non-zeros get no
@@ -35,13 +36,14 @@ SLEEP_CYCLES_PER_S = 2e9  # above any GPU's clock: the sleep lasts at least as l
 WARM_UP_MS = 0.25  # a plan whose first run took less runs ~0.5 ms more before it is timed (probe_thresholds)
 STOP_MARGIN = 0.03  # a plan this much slower than the best ends the probe's walk (search_groups)
 MIN_DENSE_GAIN = 0.1  # a plan with dense tiles is chosen only this much faster than the one without
-# Below this many non-zeros a graph gets no dense tiles without a probe. Its SpMMs take tens of
-# microseconds, so dense tiles could save a few microseconds a product, a few milliseconds over a
-# 200-step run, while the probe builds and times two or more plans (H100, community order: 15-108
-# ms of preprocessing, 7-45 eager steps). And on every such graph measured the probe chose no dense
-# tiles (the 16 real graphs and `small`, 9K-2.7M non-zeros, both orders, four suite runs), but
-# once, where timing noise let a dense plan win (facebook_pagepage, community order); such wins
-# cost small graphs' steps 1.2-1.3x (docs/results.md sections 18 and 27).
+# Below this many non-zeros a graph gets no dense tiles without a probe. On the graphs measured
+# there (the 16 real graphs and `small`, 9K-2.7M non-zeros, H100) dense tiles lose: in the spmm
+# suite's community order every fixed threshold (2, 5, 10%) made the forward SpMM 1.06-2.8x slower
+# than none (h100/spmm.json), and the probe chose none in 389 of 391 builds over ten epoch-suite
+# runs, both orders; the two exceptions (cora, original order, 0.02; facebook_pagepage, community
+# order, 0.075) were timing noise of the kind that cost small graphs' steps 1.2-1.3x
+# (docs/results.md sections 18 and 27). Its cost is real: the plans it builds and times took
+# 15-108 ms of a community order's preprocessing (7-45 eager steps).
 PROBE_MIN_NNZ = 3_000_000
 
 
@@ -172,12 +174,12 @@ def choose_threshold(adj, dtype: torch.dtype = torch.float32, *, candidates=CAND
     """The probe's fastest threshold for ``adj`` and features of ``dtype``, with every candidate's
     time and the chosen plan of A if the probe built it (else ``None``): ``{"threshold": float,
     "times_ms": {threshold: ms}, "plan": KernelPlan | None}``. Off CUDA (nothing to time) the
-    default threshold, no times and no plan; under ``PROBE_MIN_NNZ`` non-zeros the largest
-    candidate (1.0: no dense tiles), untimed."""
+    default threshold, no times and no plan; under ``PROBE_MIN_NNZ`` non-zeros 1.0 (no dense
+    tiles), untimed."""
     if adj.device.type != "cuda":
         return {"threshold": DEFAULT_THRESHOLD, "times_ms": {}, "plan": None}
     if adj.nnz < PROBE_MIN_NNZ:
-        return {"threshold": max(candidates), "times_ms": {}, "plan": None}
+        return {"threshold": 1.0, "times_ms": {}, "plan": None}
     probe_dtype = dtype if dtype_class(dtype) == "16bit" else torch.float32
     plans: dict = {}
     times = probe_thresholds(adj, F=F, dtype=probe_dtype, candidates=candidates, fastest_plan=plans)

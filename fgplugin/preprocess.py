@@ -32,7 +32,8 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
         tile_size, threshold: tiling options; ``threshold="auto"`` (the default) lets the CUDA
             kernel time the candidate thresholds on the graph once, before its first kernel plan
             is built (``fgplugin.autotune``; 0.5-1.5 s on a 75-200M-edge graph on an H100, for
-            1.9-5.3% faster training steps than at 0.05: docs/results.md); pass a number to skip it.
+            1.9-5.3% faster training steps than at 0.05: docs/results.md); a graph under 3M
+            non-zeros gets no dense tiles, untimed; pass a number to skip it.
         cache: ``False`` (no disk cache), ``True`` (the default cache folder,
             ``$FGPLUGIN_CACHE_DIR/preprocess``) or a folder. Entries are keyed by a hash of the
             graph and every option, written atomically with a checksum, and rebuilt (with a

@@ -97,7 +97,8 @@ class TiledAdjacency:
         edge_perm: CSR position -> position in the edge list it was built from, or ``None``.
         tile_size, threshold: tiles are ``tile_size`` square; one is dense above ``threshold``
             (a density, or ``"auto"``: chosen per graph and dtype class on the GPU by a short
-            timed probe before the first kernel plan is built; fgplugin.autotune).
+            timed probe before the first kernel plan is built, none under 3M non-zeros;
+            fgplugin.autotune).
         perm, inv_perm: node permutation of a reordered graph (``perm``: new -> old, so
             ``x_new = x_old[perm]``; ``inv_perm``: old -> new), or ``None``.
     """
@@ -282,8 +283,8 @@ class TiledAdjacency:
 
     @property
     def tiles(self) -> TileStats:
-        """The dense tiles at the threshold in force (for ``"auto"``: the one the probe chose for
-        float32 on this device if it ran, else the default), computed once."""
+        """The dense tiles at the threshold in force (for ``"auto"``: the one chosen for float32 on
+        this device if the choice was made, else the default), computed once."""
         threshold = self._stats_threshold()
         key = ("tile_stats", self.tile_size, threshold)
         stats = self._shared.get(key)
@@ -460,8 +461,9 @@ class TiledAdjacency:
 
     def resolved_threshold(self, dtype: torch.dtype = torch.float32) -> float | None:
         """The numeric threshold the kernel plans use for features of ``dtype``: the fixed one, or
-        for ``"auto"`` the probe's choice (run once per device and dtype class; off CUDA the
-        default). ``None`` under torch.compile when the probe has not run yet."""
+        for ``"auto"`` the choice of fgplugin.autotune (once per device and dtype class: the probe's
+        on CUDA, 1.0 under its floor of non-zeros, the default off CUDA). ``None`` under
+        torch.compile when the choice has not been made yet."""
         if self.threshold != "auto":
             return float(self.threshold)
         key = ("auto_threshold", self.tile_size, self.device, autotune.dtype_class(dtype))

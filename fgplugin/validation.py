@@ -103,18 +103,19 @@ def check_tile_options(tile_size, threshold) -> None:
 
 def refuse_spent_weights(values: torch.Tensor) -> torch.Tensor:
     """``values``, the CSR-ordered edge weights an adjacency indexed out of weights that need a
-    gradient, with a hook that raises a ValueError naming the fix where a later backward pass
-    reaches them after an earlier one freed that indexing: an adjacency built once from learnable
-    weights and reused across training steps. Without it, that backward fails inside autograd
-    with "Trying to backward through the graph a second time", which names neither the adjacency
-    nor the fix. The hook runs only when a gradient reaches the values, so forward passes and
-    gradients for other inputs are untouched, and a graph kept with ``retain_graph=True`` keeps
-    working."""
+    gradient, with a hook on that indexing that raises a ValueError naming the fix where a later
+    backward pass reaches it after an earlier one freed it: an adjacency built once from
+    learnable weights and reused across training steps. Without it, that backward fails inside
+    autograd with "Trying to backward through the graph a second time", which names neither the
+    adjacency nor the fix. The hook runs only when a gradient reaches the values, so forward
+    passes and gradients for other inputs are untouched, and a graph kept with
+    ``retain_graph=True`` keeps working. It sits on the indexing's autograd node, not on the
+    tensor, so saving the adjacency saves no hook."""
     if not values.requires_grad or values.grad_fn is None or torch.compiler.is_compiling():
         return values
     indexing = values.grad_fn  # the adjacency's own indexing, whose saved indices a backward frees
 
-    def refuse_if_spent(grad):
+    def refuse_if_spent(grad_outputs):
         try:
             indexing._raw_saved_indices
         except RuntimeError:
@@ -126,5 +127,5 @@ def refuse_spent_weights(values: torch.Tensor) -> torch.Tensor:
                 "then adj.with_values(edge_weight) in the step (a PyG layer given learnable edge weights "
                 "does this when built with cached=False)") from None
 
-    values.register_hook(refuse_if_spent)
+    indexing.register_prehook(refuse_if_spent)
     return values

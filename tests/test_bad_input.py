@@ -230,3 +230,13 @@ def test_learnable_weights_given_each_step_and_retained_graphs_keep_working():
     once = weight.grad.clone()
     fgplugin.spmm(adj, x).sum().backward(retain_graph=True)
     assert once.abs().sum() > 0 and torch.allclose(weight.grad, 2 * once)
+
+
+def test_an_adjacency_with_learnable_weights_saves_without_warnings(tmp_path):
+    weight = torch.rand(6, requires_grad=True)
+    adj = TiledAdjacency.from_edge_index(torch.tensor([[0, 1, 2, 3, 1, 0], [1, 2, 3, 0, 3, 2]]), 4, weight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. "backward hook ... will not be serialized"
+        torch.save(adj, tmp_path / "adj.pt")
+    loaded = torch.load(tmp_path / "adj.pt", weights_only=False)
+    assert torch.equal(loaded.values.detach(), adj.values.detach())

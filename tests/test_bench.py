@@ -562,3 +562,16 @@ def test_a_failed_impl_frees_its_model_before_the_others_run(monkeypatch):
     by_impl = {r["impl"]: r for r in rows if r["op"] == "epoch"}
     assert by_impl["fgplugin"]["error"] == "OOM" and by_impl["cusparse-cached"]["ms_median"] > 0
     assert alive_while_timing == [False, False]  # the failed model was gone while the other one ran
+
+
+def test_the_suites_warm_up_probes_its_tiny_graph_as_a_large_one(monkeypatch):
+    """The warm-up loads the threshold probe's kernels on a tiny graph, which is under the probe's
+    floor of non-zeros: the floor is lifted while it runs, and restored after."""
+    from fgplugin import autotune
+    from fgplugin.bench import epoch
+
+    seen = []
+    monkeypatch.setattr(epoch, "_build_each_model_once", lambda *args: seen.append(autotune.PROBE_MIN_NNZ))
+    floor = autotune.PROBE_MIN_NNZ
+    epoch._warm_up_models(torch.device("cpu"), ("fgplugin",), ("gcn",))
+    assert seen == [0] and autotune.PROBE_MIN_NNZ == floor > 0

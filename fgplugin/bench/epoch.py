@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 import fgplugin
-from fgplugin import grad_rows, input_cache, sparse_input
+from fgplugin import autotune, grad_rows, input_cache, sparse_input
 
 from . import baselines
 from .baselines import FGPLUGIN_PYG, IMPLS, ImplUnavailable
@@ -541,7 +541,17 @@ def _warm_up_models(device: torch.device, impls, models, orders=("original",)) -
     the class: 22-28 ms for a GCNConv, stock or fgplugin's, on the 2-core CPU) and for the first
     reordering and threshold probe (CUDA loads their kernels on first launch: the first graph's
     community order took 68 ms of reordering and plans on an H100, the others 21-33), which
-    belongs to no graph's preprocessing. Failures are left to the impl's own rows."""
+    belongs to no graph's preprocessing. The tiny graph is probed as a graph above the probe's
+    floor of non-zeros would be (``autotune.PROBE_MIN_NNZ``), so that its kernels are loaded here.
+    Failures are left to the impl's own rows."""
+    floor, autotune.PROBE_MIN_NNZ = autotune.PROBE_MIN_NNZ, 0
+    try:
+        _build_each_model_once(device, impls, models, orders)
+    finally:
+        autotune.PROBE_MIN_NNZ = floor
+
+
+def _build_each_model_once(device: torch.device, impls, models, orders) -> None:
     base = load("tiny", device)
     for order in orders:
         try:

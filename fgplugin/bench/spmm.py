@@ -16,7 +16,8 @@ as fgplugin's op runs it, on
 - orders: ``original``, a :mod:`fgplugin.reorder` method (``community``, ...,
   ``<method>-blockwise<parts>``) and ``ideal`` (the generator's communities; synthetic graphs
   only);
-- impls: ``fgplugin`` (threshold ``"auto"``: the probe's choice per dtype class),
+- impls: ``fgplugin`` (threshold ``"auto"``: the probe's choice per dtype class; no dense tiles
+  under 3M non-zeros),
   ``fgplugin-t2`` / ``-t5`` / ``-t10`` (fixed 2 / 5 / 10% thresholds; reordered graphs only),
   ``fgplugin-nodense`` (threshold 1.0: every non-zero in the row-balanced CSR part),
   ``fgplugin-csr`` (empty plan: the simple CSR kernel), ``cusparse-cached`` (``torch.sparse.mm``
