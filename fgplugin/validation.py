@@ -114,6 +114,8 @@ def refuse_spent_weights(values: torch.Tensor) -> torch.Tensor:
     if not values.requires_grad or values.grad_fn is None or torch.compiler.is_compiling():
         return values
     indexing = values.grad_fn  # the adjacency's own indexing, whose saved indices a backward frees
+    if not hasattr(indexing, "_raw_saved_indices"):  # not an indexing node torch names this way: no hook
+        return values
 
     def refuse_if_spent(grad_outputs):
         try:
