@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 from torch.overrides import has_torch_function
 
-from . import input_cache, layer_calls, ops, repeated_calls, sparse_input
+from . import input_cache, layer_calls, ops, sparse_input
 from .normalization import Normalization
 from .ops import padded_width
 from .tiling import TiledAdjacency
@@ -211,8 +211,8 @@ def _transformed_product(graph: Aggregation, x: Tensor, weight: Tensor, bias: Te
     deciding its call (fgplugin.layer_calls), the product's kept call is noted with the decision."""
     h = _padded_product(x, weight, width)
     out = graph(_propagate(graph, h, hops - 1), bias, weight.shape[1])
-    if owner is not None and hops == 1 and layer_calls.is_deciding(owner):
-        layer_calls.decided_product(owner, repeated_calls.find(graph.adj, h, *graph.norm, bias, weight.shape[1]))
+    if owner is not None and hops == 1:
+        layer_calls.decided_product(owner, graph.adj, h, graph.norm, bias, weight.shape[1])
     return out
 
 

@@ -45,7 +45,8 @@ from torch import Tensor
 from . import _extension
 from .config import settings
 from .normalization import Normalization
-from .repeated_calls import context_allows, need_grads
+from .repeated_calls import context_allows, need_grads, switches
+from .repeated_calls import find as find_product
 from .tiling import TiledAdjacency
 
 TRANSFORMED, KEPT_INPUT = "transformed", "kept input"
@@ -119,19 +120,17 @@ def decided(owner, kind: str, adj: TiledAdjacency, norm: Normalization, width: i
         owner.__dict__[_PENDING] = Decision(kind, weakref.ref(adj), _weak(norm), width)
 
 
-def is_deciding(owner) -> bool:
-    """Whether ``owner``'s call under way has a decision noted (:func:`decided`) that is not kept yet."""
-    return owner.__dict__.get(_PENDING) is not None
-
-
-def decided_product(owner, kept_call) -> None:
-    """Notes, for ``owner``'s call under way, the kept ``fgplugin.spmm`` call (fgplugin.repeated_calls)
-    that served its ``TRANSFORMED`` product, where that is the extension's ``KeptSpmm`` recording the
-    gradient of ``x`` alone: a repeated layer call then runs ``A (x W^T) + b`` in it, in one step
-    from C++ (its ``transformed``), without the product's own lookup."""
+def decided_product(owner, adj: TiledAdjacency, h: Tensor, norm: Normalization, bias, width: int) -> None:
+    """Notes, for ``owner``'s ``TRANSFORMED`` call under way (if it is deciding one), the kept
+    ``fgplugin.spmm`` call (fgplugin.repeated_calls) that served its product
+    ``spmm(adj, h, *norm, bias=bias, width=width)``, where that is the extension's ``KeptSpmm``
+    recording the gradient of ``h`` alone: a repeated layer call then runs ``A (x W^T) + b`` in it,
+    in one step from C++ (its ``transformed``), without the product's own lookup."""
     pending = owner.__dict__.get(_PENDING)
-    if (pending is not None and pending.kind == TRANSFORMED and isinstance(kept_call, _extension.kept_spmm or ())
-            and kept_call.wrt_x):
+    if pending is None or pending.kind != TRANSFORMED:
+        return
+    kept_call = find_product(adj, h, *norm, bias, width)
+    if isinstance(kept_call, _extension.kept_spmm or ()) and kept_call.wrt_x:
         owner.__dict__[_PENDING] = pending._replace(product=weakref.ref(kept_call))
 
 
@@ -182,8 +181,7 @@ def _key(graph_input, values: tuple, x: Tensor, decision: Decision) -> tuple:
     adj = decision.adj()
     edge_values = None if adj is None else adj.values
     return (values, x.dtype, x.device, x.shape, x.requires_grad, torch.is_grad_enabled(), settings.input_cache,
-            settings.sparse_input, settings.cusparse, settings.block_adaptive, settings.skip_zero_rows,
-            graph_input._version if isinstance(graph_input, Tensor) else None,
+            settings.sparse_input, *switches(), graph_input._version if isinstance(graph_input, Tensor) else None,
             adj is None, None if edge_values is None else edge_values._version)
 
 

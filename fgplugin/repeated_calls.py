@@ -48,8 +48,12 @@ def key_of(adj, x: torch.Tensor, row_scale, col_scale, diag, bias, width) -> tup
             None if col_scale is None else (id(col_scale), col_scale.dtype),
             (id(diag), diag.dtype) if isinstance(diag, torch.Tensor) else diag,
             None if bias is None else (id(bias), bias.dtype, grad and bias.requires_grad), width,
-            None if values is None else values._version,
-            settings.cusparse, settings.block_adaptive, settings.skip_zero_rows)
+            None if values is None else values._version, *switches())
+
+
+def switches() -> tuple:
+    """The switches of fgplugin.config that steer a product's decisions (kept calls are keyed by them)."""
+    return settings.cusparse, settings.block_adaptive, settings.skip_zero_rows
 
 
 _VERSION_AT = 9
@@ -114,7 +118,7 @@ def context_allows(x: torch.Tensor) -> bool:
 _any_autocast = torch._C._is_any_autocast_enabled
 
 
-def need_grads(values, row_scale=None, col_scale=None, diag=None) -> bool:
+def need_grads(values, row_scale, col_scale, diag) -> bool:
     """Whether the edge values, scales or diagonal need a gradient: such calls take the full path."""
     return ((values is not None and values.requires_grad) or (row_scale is not None and row_scale.requires_grad)
             or (col_scale is not None and col_scale.requires_grad)

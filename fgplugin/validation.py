@@ -100,7 +100,6 @@ def check_tile_options(tile_size, threshold) -> None:
     check_threshold(threshold)
 
 
-
 def refuse_spent_weights(values: torch.Tensor) -> torch.Tensor:
     """``values``, the CSR-ordered edge weights an adjacency indexed out of weights that need a
     gradient, with a hook on that indexing that raises a ValueError naming the fix where a later
