@@ -127,8 +127,11 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     cache let go of ``x``'s aggregation, the product's kept call was let go of): then call
     :func:`aggregate`."""
     if decision.kind == layer_calls.KEPT_INPUT:
-        kept = input_cache.of(owner).kept_for(x)
-        return transform_with_bias(kept, weight.t(), bias) if isinstance(kept, Tensor) else None
+        cache = input_cache.of(owner)
+        kept = cache.kept_for(x)
+        # a form on trial is timed by the cache's own call (get), on the full way
+        return transform_with_bias(kept, weight.t(), bias) if isinstance(kept, Tensor) and not cache.on_trial \
+            else None
     parts = decision.aggregation_parts()
     if parts is None:
         return None
@@ -175,8 +178,9 @@ def _kept(graph, x: Tensor, hops: int, owner, settings: tuple, node_dim: int,
         and isinstance(graph, Aggregation)
 
     def keep():
-        kept = sparse_input.keep(graph, x, weight.shape[1], hops) if may_be_sparse else None
-        return _propagate(graph, x, hops, node_dim) if kept is None else kept
+        def dense():
+            return _propagate(graph, x, hops, node_dim)
+        return sparse_input.keep(graph, x, weight.shape[1], hops, dense) if may_be_sparse else dense()
 
     # under autocast the aggregation is kept in the autocast dtype: a call in another precision
     # (a float32 evaluation after bf16 training) must not reuse it

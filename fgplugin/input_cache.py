@@ -34,8 +34,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .autotune import in_captured_step
 from .capture_holds import capturing, hold
 from .config import settings
+from .form_trial import FormTrial, current
 from .inference_mode import in_inference_mode
 
 MAX_MEMORY_FRACTION = 0.125
@@ -78,13 +80,13 @@ class _Key:
 class InputCache:
     """One layer's kept aggregation (see the module docstring for when it is used)."""
 
-    __slots__ = ("_key", "_value", "_seen", "_seen_version", "_watch", "__weakref__")
+    __slots__ = ("_key", "_value", "_for_captured_step", "_seen", "_seen_version", "_watch", "__weakref__")
 
     def __init__(self):
         self.clear()
 
     def clear(self) -> None:
-        self._key = self._value = self._seen = self._seen_version = self._watch = None
+        self._key = self._value = self._for_captured_step = self._seen = self._seen_version = self._watch = None
 
     @property
     def holds(self) -> bool:
@@ -93,18 +95,25 @@ class InputCache:
 
     @property
     def value(self):
-        """What is kept: ``A^K x`` (a tensor), ``x`` as a :class:`fgplugin.sparse_input.SparseInput`,
-        or ``None``."""
-        return self._value
+        """What is kept: ``A^K x`` (a tensor), ``x`` as a :class:`fgplugin.sparse_input.SparseInput`
+        (while both forms are timed, fgplugin.form_trial, the one in use), or ``None``."""
+        return current(self._value)
+
+    @property
+    def on_trial(self) -> bool:
+        """Whether the kept input's form is still being timed on the training steps
+        (fgplugin.form_trial): each call then goes through :meth:`get`."""
+        return isinstance(self._value, FormTrial)
 
     def kept_for(self, x: Tensor):
         """What is kept if it was built from ``x`` as it is now (the same tensor, unchanged) and
         may be reused in this call (as for :meth:`get`: not under torch.compile, which would bake
         in the version check's answer, nor for an ``x`` that needs a gradient), else ``None``: a
         layer's other product with the same input (SAGE's root weight) may use it."""
-        if self._key is None or not _context_allows() or not _constant(x):
+        if self._key is None or not _context_allows() or not _constant(x) or \
+                self._for_captured_step != in_captured_step():
             return None
-        return hold(self._value) if self._key.is_of(x) else None
+        return hold(current(self._value)) if self._key.is_of(x) else None
 
     def admits(self, x) -> bool:
         """Whether ``x`` may be this call's kept input: asked before :meth:`get`, whose key costs
@@ -125,13 +134,20 @@ class InputCache:
 
         ``deps`` lists everything besides ``x`` that the aggregation reads (graph, edge values,
         normalization settings). Do not modify the returned tensor: later calls return it again.
+        What is kept for a captured step (fgplugin.autotune.for_captured_step) and for an eager
+        one is built apart: their forms are chosen by different costs.
+        ``aggregate()`` may return a :class:`fgplugin.form_trial.FormTrial` of two forms: each
+        call then returns the form in use and counts the call, until one form is kept.
         """
         if any(isinstance(t, Tensor) and (t.requires_grad or t.is_inference()) for t in deps):
             self.clear()  # what the aggregation reads changes with each step: nothing to keep
             return None
-        deps = (x, *deps)
+        for_captured_step = in_captured_step()
+        deps = (x, *deps, for_captured_step)
         if self._key is not None and self._key.matches(deps):
-            return hold(self._value)
+            if isinstance(self._value, FormTrial):
+                self._value = self._value.on_call()
+            return hold(current(self._value))
         # The first call with this x only notes it (by a weak reference and its version: cheap,
         # since a layer whose input changes every step, e.g. after dropout, comes here each time);
         # the second builds the aggregation, from and keyed by that call's graph and settings.
@@ -147,9 +163,9 @@ class InputCache:
             return None
         with torch.no_grad():
             value = aggregate()
-        self._key, self._value, self._seen = _Key(deps), value, None
+        self._key, self._value, self._for_captured_step, self._seen = _Key(deps), value, for_captured_step, None
         self._watch = weakref.ref(x, _dropper(self, self._key))  # x freed: free its aggregation too
-        return hold(value)
+        return hold(current(value))
 
     # A copy of a layer (deepcopy, pickle, torch.save) starts with an empty cache: what it holds
     # refers to the original's inputs and would only take memory.

@@ -15,13 +15,17 @@ sparse products over ``nnz(x) + K nnz(A)`` entries instead of two GEMMs over ``A
 A layer's other product with the same input (SAGE's root weight, ``aggregation.transform``) runs
 on the sparse form too; the probe does not time it, so it underrates the sparse form there.
 
-Which is faster depends on the densities, the widths and the device, so the choice is timed,
-once, when the cache is filled: both ways' forward and backward products on the actual shapes
-(:func:`keep`). Only float32 inputs are candidates: float64 runs are reference runs, and 16-bit
+Which is faster depends on the densities, the widths, the device and the rest of the step, so
+the choice is timed, once, when the cache is filled (:func:`keep`): for a captured step and on the
+CPU, both ways' forward and backward products on the actual shapes; for an eager CUDA step, whose
+host queues kernels while the device runs earlier ones, the user's own training steps with each
+form (fgplugin.form_trial). Only float32 inputs are candidates: float64 runs are reference runs, and 16-bit
 inputs would be widened to float32 values. ``FGPLUGIN_SPARSE_INPUT`` / :func:`fgplugin.set_sparse_input` turn the
 choice off (``"0"``) or force the sparse form wherever it applies (``"1"``, for tests).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -30,6 +34,7 @@ from . import autotune, ops
 from ._csr import rowptr_from_sorted_rows
 from .capture_holds import capturing
 from .config import set_row_skipping, settings
+from .form_trial import FormTrial
 from .tiling import TiledAdjacency
 
 # Inputs whose sparse work (nnz(x) + K nnz(A)) exceeds this share of n F are never timed: gathers
@@ -71,27 +76,44 @@ class SparseInput:
         return ops.spmm(self.adj, w)
 
 
-def keep(graph, x: Tensor, width: int, hops: int) -> SparseInput | None:
-    """``x`` as a :class:`SparseInput` where the sparse products beat the dense ones for a layer
-    that aggregates ``x`` over ``graph`` (an ``Aggregation``) ``hops`` times and multiplies it by a
-    ``[F, width]`` weight; else ``None`` (keep ``A^K x`` dense)."""
+def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor]):
+    """What a layer that aggregates ``x`` over ``graph`` (an ``Aggregation``) ``hops`` times and
+    multiplies it by a ``[F, width]`` weight keeps of its constant input: ``dense()`` (``A^K x``),
+    ``x`` as a :class:`SparseInput` where its products are faster, or, where both forms apply to
+    an eager CUDA step, a :class:`fgplugin.form_trial.FormTrial` that times both on the training
+    steps (the input cache keeps the faster)."""
+    sparse = _candidate(graph, x, hops)
+    if sparse is None:
+        return dense()
+    if settings.sparse_input == "1":
+        return sparse
+    if x.is_cuda and not autotune.in_captured_step():
+        return FormTrial(dense(), sparse, x.device)
+    try:
+        faster = _sparse_is_faster(graph, x, sparse, width, hops)
+    except torch.cuda.OutOfMemoryError:  # probing the sparse form: the dense one needs no more
+        torch.cuda.empty_cache()
+        faster = False
+    return sparse if faster else dense()
+
+
+def _candidate(graph, x: Tensor, hops: int) -> SparseInput | None:
+    """``x`` as a :class:`SparseInput` where that form may be kept (allowed, float32, few enough
+    non-zeros to have a chance), else ``None``."""
     if settings.sparse_input == "0" or x.dim() != 2 or x.dtype != torch.float32 or x.numel() == 0:
         return None
-    if capturing(x):  # counting and timing need host syncs
+    if capturing(x):  # counting needs a host sync
         return None
     work = int(torch.count_nonzero(x)) + hops * graph.adj.nnz
     if settings.sparse_input != "1" and work > MAX_SPARSE_SHARE * graph.shape[0] * x.shape[1]:  # A^K x's size
         return None
     try:
-        try:
-            sparse = SparseInput.of(x)
-        except ValueError:  # NaN or infinite features: the dense products keep their semantics
-            return None
-        if settings.sparse_input == "1" or _sparse_is_faster(graph, x, sparse, width, hops):
-            return sparse
-    except torch.cuda.OutOfMemoryError:  # building or probing the sparse form: the dense one needs no more
+        return SparseInput.of(x)
+    except ValueError:  # NaN or infinite features: the dense products keep their semantics
+        return None
+    except torch.cuda.OutOfMemoryError:  # the dense form needs no more memory
         torch.cuda.empty_cache()
-    return None
+        return None
 
 
 @torch.enable_grad()
