@@ -12,8 +12,8 @@ alone the sparse form won on 5 of them (coauthor_cs 0.27 against 1.03 ms); in a 
 which replays device time alone, the sparse form won on 10 (docs/results.md section 28).
 
 So where both forms apply to an eager CUDA step (not a captured one, whose choice is timed by
-device time alone), the layer alternates them over its first training steps and keeps the one
-whose steps were faster. A step's time is read from CUDA events recorded at the layer's training
+device time alone), the layer alternates them over its first training steps (``STEPS``, in
+blocks: :class:`FormTrial` says why) and keeps the one whose steps were faster. A step's time is read from CUDA events recorded at the layer's training
 calls: the device time between two of them is the step's time whether the step is bound by the
 host (the device waits for launches between the events) or by the device. Calls without autograd
 (evaluation) are not counted; a CUDA graph captured meanwhile ends the trial with the form in use.
@@ -24,17 +24,27 @@ import statistics
 
 import torch
 
-# Steps of each form that are not timed: a form's first steps load kernels and make the products'
-# own first-call choices (cuSPARSE or fgplugin's kernel, the zero-row skipping).
-WARM_UP_STEPS = 2
-TIMED_STEPS = 8  # steps timed per form (their median decides)
+BLOCK = 2  # steps in a row on one form, the last of them timed: its predecessor used the same form
+WARM_UP_BLOCKS = 2  # one per form, untimed: a form's first steps load kernels and make the products'
+# own first-call choices (cuSPARSE or fgplugin's kernel, the zero-row skipping)
+TIMED_BLOCKS = 6  # per form
+STEPS = BLOCK * (WARM_UP_BLOCKS + 2 * TIMED_BLOCKS)
 
 
 class FormTrial:
     """Two kept forms of one input, ``first`` in use now. :meth:`on_call` at each of the layer's
-    calls alternates them from one training step to the next, so that both see the same drift of
-    the host's speed (steps of one process move by 10-20% over a few dozen steps), and after
-    ``WARM_UP_STEPS + TIMED_STEPS`` steps of each answers the faster one."""
+    calls alternates them in blocks of ``BLOCK`` training steps, and after ``STEPS`` steps answers
+    the faster one.
+
+    Why so: a step's time moves by 10-20% over a few dozen steps of one process, so the forms
+    alternate (timed one after the other, the later one won by the drift); and a step's device
+    work may still run while the host queues the next step (the dense form's weight-gradient GEMM
+    on a host-bound step), which shortens the next step's time as the events read it, so only a
+    step that follows a step on the same form is timed (alternated step by step, the sparse form
+    was credited with the dense form's hidden work: 0.1-0.2 ms faster on coauthor_cs, cornell5 and
+    facebook_pagepage, where its steps run as fast or slower). Each timed step of the second form
+    is compared with the first form's timed steps on either side of it; the median of those
+    differences decides."""
 
     __slots__ = ("forms", "current", "_device", "_events")
 
@@ -54,17 +64,29 @@ class FormTrial:
             return self
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self._device))
-        used = len(self._events) % 2  # the form this call's step uses: first, second, first, ...
+        step = len(self._events)  # the step this call starts
         self._events.append(event)
-        if len(self._events) <= 2 * (WARM_UP_STEPS + TIMED_STEPS):
-            self.current = self.forms[used]
+        if step < STEPS:
+            self.current = self.forms[step // BLOCK % 2]
             return self
         event.synchronize()  # once per trial: the last step's work must be done to read its time
-        # step i runs from event i to event i + 1 with form i % 2
-        timed = [(i % 2, a.elapsed_time(b)) for i, (a, b) in enumerate(zip(self._events, self._events[1:]))
-                 if i >= 2 * WARM_UP_STEPS]
-        first, second = (statistics.median(ms for form, ms in timed if form == f) for f in (0, 1))
-        return self.forms[1] if second < first else self.forms[0]
+        return self.forms[1] if _second_is_faster(self._events) else self.forms[0]
+
+
+def _second_is_faster(events: list) -> bool:
+    """From the events of a trial's calls: block ``b`` of steps used form ``b % 2``."""
+    def timed_ms(block):
+        last = block * BLOCK + BLOCK - 1
+        return events[last].elapsed_time(events[last + 1])
+
+    blocks = range(WARM_UP_BLOCKS, WARM_UP_BLOCKS + 2 * TIMED_BLOCKS)
+    first = {b: timed_ms(b) for b in blocks if b % 2 == 0}
+    differences = []
+    for b in blocks:
+        if b % 2 == 1:
+            around = [first[a] for a in (b - 1, b + 1) if a in first]
+            differences.append(timed_ms(b) - sum(around) / len(around))
+    return statistics.median(differences) < 0
 
 
 def current(kept):
