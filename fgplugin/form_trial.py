@@ -9,14 +9,15 @@ bound by host time the dense GEMMs' device time is hidden and the sparse form's 
 not. H100, eager GCN steps, 12 graphs with bag-of-words features: the dense form was faster or
 level on all 12 (citeseer 2.25 against 2.68 ms, cornell5 2.31 against 2.40-2.53), while timed
 alone the sparse form won on 5 of them (coauthor_cs 0.27 against 1.03 ms); in a captured step,
-which replays device time alone, the sparse form won on 10 (docs/results.md section 28).
+which replays device time alone, the sparse form won on 11 (docs/results.md section 28).
 
 So where both forms apply to an eager CUDA step (not a captured one, whose choice is timed by
-device time alone), the layer alternates them over its first training steps (``STEPS``, in
-blocks: :class:`FormTrial` says why) and keeps the one whose steps were faster. A step's time is read from CUDA events recorded at the layer's training
-calls: the device time between two of them is the step's time whether the step is bound by the
-host (the device waits for launches between the events) or by the device. Calls without autograd
-(evaluation) are not counted; a CUDA graph captured meanwhile ends the trial with the form in use.
+device time alone), the layer alternates them over its first training steps (20-52 steps, in
+blocks: :class:`FormTrial` says why) and keeps the one whose steps were faster. A step's time is
+read from CUDA events recorded at the layer's training calls: the device time between two of them
+is the step's time whether the step is bound by the host (the device waits for launches between
+the events) or by the device. Calls without autograd (evaluation) are not counted; a CUDA graph
+captured meanwhile ends the trial with the form in use.
 """
 from __future__ import annotations
 
@@ -27,32 +28,38 @@ import torch
 BLOCK = 2  # steps in a row on one form, the last of them timed: its predecessor used the same form
 WARM_UP_BLOCKS = 2  # one per form, untimed: a form's first steps load kernels and make the products'
 # own first-call choices (cuSPARSE or fgplugin's kernel, the zero-row skipping)
-TIMED_BLOCKS = 6  # per form
-STEPS = BLOCK * (WARM_UP_BLOCKS + 2 * TIMED_BLOCKS)
+LEAD = 4  # the trial ends when one form has won this many more pairs than the other
+MAX_PAIRS = 12  # else after this many pairs, by the median difference
+MAX_STEPS = BLOCK * (WARM_UP_BLOCKS + 2 * MAX_PAIRS)
 
 
 class FormTrial:
     """Two kept forms of one input, ``first`` in use now. :meth:`on_call` at each of the layer's
-    calls alternates them in blocks of ``BLOCK`` training steps, and after ``STEPS`` steps answers
-    the faster one.
+    calls alternates them in blocks of ``BLOCK`` training steps, compares each timed step of the
+    second form with the first form's just before it (a pair; a drift that slows the steps
+    favours the first form, which a layer keeps without a trial), and answers the faster form once
+    one has won ``LEAD`` pairs more than the other (4 pairs, 20 steps, where one form is clearly
+    faster), else after ``MAX_PAIRS`` pairs by the median difference.
 
-    Why so: a step's time moves by 10-20% over a few dozen steps of one process, so the forms
-    alternate (timed one after the other, the later one won by the drift); and a step's device
-    work may still run while the host queues the next step (the dense form's weight-gradient GEMM
-    on a host-bound step), which shortens the next step's time as the events read it, so only a
-    step that follows a step on the same form is timed (alternated step by step, the sparse form
-    was credited with the dense form's hidden work: 0.1-0.2 ms faster on coauthor_cs, cornell5 and
-    facebook_pagepage, where its steps run as fast or slower). Each timed step of the second form
-    is compared with the first form's timed steps on either side of it; the median of those
-    differences decides."""
+    Why so: a step's time moves by 10-20% over a few dozen steps of one process and by 5-10% from
+    one step to the next, so the forms alternate (timed one after the other, the later one won by
+    the drift) and enough pairs are taken (with 6, the slower form was kept in 5 of 30 trials);
+    and a step's device work may still run while the host queues the next step (the dense form's
+    weight-gradient GEMM on a host-bound step), which shortens the next step's time as the events
+    read it, so only a step that follows a step on the same form is timed (alternated step by
+    step, the sparse form was credited with the dense form's hidden work: 0.1-0.2 ms faster on
+    coauthor_cs, cornell5 and facebook_pagepage, where its steps run as fast or slower). The
+    pairs are read from events already done (``query``), so the trial syncs the host only once,
+    if it runs to ``MAX_PAIRS``."""
 
-    __slots__ = ("forms", "current", "_device", "_events")
+    __slots__ = ("forms", "current", "_device", "_events", "_differences")
 
     def __init__(self, first, second, device: torch.device):
         self.forms = (first, second)
         self.current = first
         self._device = device
         self._events: list = []  # one per counted call; step i runs from event i to i + 1
+        self._differences: list = []  # second form's timed step minus the first form's before it
 
     def on_call(self):
         """Notes one call of the layer; returns what to keep from now on: this trial while it
@@ -66,27 +73,30 @@ class FormTrial:
         event.record(torch.cuda.current_stream(self._device))
         step = len(self._events)  # the step this call starts
         self._events.append(event)
-        if step < STEPS:
-            self.current = self.forms[step // BLOCK % 2]
-            return self
-        event.synchronize()  # once per trial: the last step's work must be done to read its time
-        return self.forms[1] if _second_is_faster(self._events) else self.forms[0]
+        if step == MAX_STEPS:
+            event.synchronize()  # the last pair's steps must be done to read them
+        self._read_pairs()
+        negative = sum(d < 0 for d in self._differences)
+        lead = negative - (len(self._differences) - negative)
+        if abs(lead) >= LEAD:
+            return self.forms[1] if lead > 0 else self.forms[0]
+        if len(self._differences) == MAX_PAIRS:
+            return self.forms[1] if statistics.median(self._differences) < 0 else self.forms[0]
+        self.current = self.forms[step // BLOCK % 2]
+        return self
 
+    def _read_pairs(self) -> None:
+        """Adds the pairs whose steps' events are recorded and done on the device."""
+        while len(self._differences) < MAX_PAIRS:
+            second_block = WARM_UP_BLOCKS + 2 * len(self._differences) + 1
+            end = (second_block + 1) * BLOCK  # the event that ends the second block's timed step
+            if end >= len(self._events) or not self._events[end].query():
+                return
+            self._differences.append(self._timed_ms(second_block) - self._timed_ms(second_block - 1))
 
-def _second_is_faster(events: list) -> bool:
-    """From the events of a trial's calls: block ``b`` of steps used form ``b % 2``."""
-    def timed_ms(block):
+    def _timed_ms(self, block: int) -> float:
         last = block * BLOCK + BLOCK - 1
-        return events[last].elapsed_time(events[last + 1])
-
-    blocks = range(WARM_UP_BLOCKS, WARM_UP_BLOCKS + 2 * TIMED_BLOCKS)
-    first = {b: timed_ms(b) for b in blocks if b % 2 == 0}
-    differences = []
-    for b in blocks:
-        if b % 2 == 1:
-            around = [first[a] for a in (b - 1, b + 1) if a in first]
-            differences.append(timed_ms(b) - sum(around) / len(around))
-    return statistics.median(differences) < 0
+        return self._events[last].elapsed_time(self._events[last + 1])
 
 
 def current(kept):

@@ -19,9 +19,10 @@ Which is faster depends on the densities, the widths, the device and the rest of
 the choice is timed, once, when the cache is filled (:func:`keep`): for a captured step and on the
 CPU, both ways' forward and backward products on the actual shapes; for an eager CUDA step, whose
 host queues kernels while the device runs earlier ones, the user's own training steps with each
-form (fgplugin.form_trial). Only float32 inputs are candidates: float64 runs are reference runs, and 16-bit
-inputs would be widened to float32 values. ``FGPLUGIN_SPARSE_INPUT`` / :func:`fgplugin.set_sparse_input` turn the
-choice off (``"0"``) or force the sparse form wherever it applies (``"1"``, for tests).
+form (fgplugin.form_trial). Only float32 inputs are candidates: float64 runs are reference runs,
+and 16-bit inputs would be widened to float32 values. ``FGPLUGIN_SPARSE_INPUT`` /
+:func:`fgplugin.set_sparse_input` turn the choice off (``"0"``) or force the sparse form wherever it
+applies (``"1"``, for tests).
 """
 from __future__ import annotations
 

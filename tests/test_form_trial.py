@@ -8,14 +8,20 @@ import torch
 
 import fgplugin
 from fgplugin import autotune, form_trial, input_cache, sparse_input
-from fgplugin.form_trial import BLOCK, STEPS, FormTrial
+from fgplugin.form_trial import BLOCK, LEAD, MAX_PAIRS, MAX_STEPS, WARM_UP_BLOCKS, FormTrial
 from fgplugin.testing import rel_error
 
-CALLS_TO_DECIDE = STEPS + 1
+CALLS_TO_DECIDE = MAX_STEPS + 1  # at most
+CLEAR_WIN_CALLS = BLOCK * (WARM_UP_BLOCKS + 2 * LEAD) + 1  # one form faster in every pair
 
 
 class HostClockEvent:
-    """A stand-in for ``torch.cuda.Event`` that reads the host's clock (the CPU runs synchronously)."""
+    """A stand-in for ``torch.cuda.Event`` that reads the host's clock (the CPU runs synchronously).
+    With ``lagging`` set, no event is done until one recorded later is synchronized, as on a
+    device that runs behind the host."""
+
+    lagging = False
+    done_until = float("-inf")
 
     def __init__(self, enable_timing=False):
         self.at = None
@@ -26,12 +32,16 @@ class HostClockEvent:
     def elapsed_time(self, other):
         return (other.at - self.at) * 1e3
 
+    def query(self):
+        return not HostClockEvent.lagging or self.at <= HostClockEvent.done_until
+
     def synchronize(self):
-        pass
+        HostClockEvent.done_until = max(HostClockEvent.done_until, self.at)
 
 
 @pytest.fixture
 def host_clock_events(monkeypatch):
+    monkeypatch.setattr(HostClockEvent, "lagging", False)
     monkeypatch.setattr(torch.cuda, "Event", HostClockEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
@@ -55,29 +65,47 @@ def test_keeps_the_form_whose_steps_are_faster(host_clock_events, slow_first):
     trial = FormTrial(dense, sparse, torch.device("cpu"))
     kept, calls = run_steps(trial, slow=dense if slow_first else sparse)
     assert kept is (sparse if slow_first else dense)
-    assert calls == CALLS_TO_DECIDE
+    assert calls == CLEAR_WIN_CALLS
 
 
 def test_the_forms_alternate_in_blocks(host_clock_events):
     dense, sparse = object(), object()
     trial = FormTrial(dense, sparse, torch.device("cpu"))
     used = [trial.current]
-    for _ in range(CALLS_TO_DECIDE - 1):
-        assert trial.on_call() is trial
+    while True:
+        time.sleep(0.003 if trial.current is sparse else 0.0)
+        if trial.on_call() is not trial:
+            break
         used.append(trial.current)
-    assert used == [dense] + ([dense] * BLOCK + [sparse] * BLOCK) * (STEPS // (2 * BLOCK))
+    assert used == [dense] + ([dense] * BLOCK + [sparse] * BLOCK) * (WARM_UP_BLOCKS // 2 + LEAD)
+
+
+def test_forms_alike_are_timed_to_the_last_pair(host_clock_events):
+    """Where neither form wins pairs by a lead, the trial takes MAX_PAIRS pairs and the median
+    difference decides; it syncs only then, reading no pair before its events are done."""
+    HostClockEvent.lagging = True
+    trial = FormTrial("dense", "sparse", torch.device("cpu"))
+    for calls in range(1, CALLS_TO_DECIDE + 1):
+        time.sleep(0.001)
+        kept = trial.on_call()
+        if kept is not trial:
+            break
+        assert not trial._differences
+    assert calls == CALLS_TO_DECIDE and kept in ("dense", "sparse") and len(trial._differences) == MAX_PAIRS
 
 
 def test_a_drift_of_the_host_speed_is_not_taken_for_a_form(host_clock_events):
-    """Steps that get slower over the trial, the forms alike (by 1 ms over it, more than the
-    forms differ): neither form wins by having its steps earlier."""
+    """Steps that get slower over the trial, the forms alike (by more than the forms differ over
+    it): neither form wins by having its steps later or earlier."""
     dense, sparse = object(), object()
     for slow in (dense, sparse):
         trial = FormTrial(dense, sparse, torch.device("cpu"))
         for calls in range(1, CALLS_TO_DECIDE + 1):
-            time.sleep((0.5 + 0.05 * calls + (0.3 if trial.current is slow else 0.0)) / 1e3)
+            time.sleep((0.5 + 0.05 * calls + (0.4 if trial.current is slow else 0.0)) / 1e3)
             kept = trial.on_call()
-        assert kept is not trial and kept is not slow
+            if kept is not trial:
+                break
+        assert kept is not slow and kept is not trial
 
 
 def test_work_that_runs_into_the_next_step_is_timed_as_in_a_row(host_clock_events):
@@ -87,10 +115,12 @@ def test_work_that_runs_into_the_next_step_is_timed_as_in_a_row(host_clock_event
     dense, sparse = object(), object()
     trial, previous = FormTrial(dense, sparse, torch.device("cpu")), None
     for _ in range(CALLS_TO_DECIDE):
-        ms = 1.0 + (0.1 if trial.current is sparse else 0.4) - (0.4 if previous is dense else 0.0)
+        ms = 1.0 + (0.3 if trial.current is sparse else 0.6) - (0.6 if previous is dense else 0.0)
         previous = trial.current
         time.sleep(ms / 1e3)
         kept = trial.on_call()
+        if kept is not trial:
+            break
     assert kept is dense
 
 
@@ -100,7 +130,7 @@ def test_evaluation_calls_are_not_counted(host_clock_events):
         for _ in range(3 * CALLS_TO_DECIDE):
             assert trial.on_call() is trial
     assert trial.current == "dense"
-    assert run_steps(trial, slow="dense", ms=0.0)[1] == CALLS_TO_DECIDE
+    assert run_steps(trial, slow="dense") == ("sparse", CLEAR_WIN_CALLS)
 
 
 def test_a_capture_keeps_the_form_in_use(host_clock_events, monkeypatch):
