@@ -6,24 +6,31 @@ weight's gradient) or sparse (``x`` itself: four sparse products, fgplugin.spars
 alone, each form's cost is the larger of its host and device time; in an eager step it is not:
 the host queues the next kernels while the device runs earlier ones, so on a graph whose step is
 bound by host time the dense GEMMs' device time is hidden and the sparse form's extra host time is
-not. H100, eager GCN steps, 12 graphs with bag-of-words features: the dense form was faster or
-level on all 12 (citeseer 2.25 against 2.68 ms, cornell5 2.31 against 2.40-2.53), while timed
-alone the sparse form won on 5 of them (coauthor_cs 0.27 against 1.03 ms); in a captured step,
-which replays device time alone, the sparse form won on 11 (docs/results.md section 28).
+not. H100, eager GCN steps, 12 graphs with bag-of-words features: the dense form was faster on 11
+(citeseer 2.25 against 2.68 ms, oklahoma97 2.07 against 2.59) and level on coauthor_cs, while
+timed alone the sparse form won on 4 of them (coauthor_cs 0.27 against 1.03 ms); in a captured
+step, which replays device time alone, the sparse form won on 11 (docs/results.md section 28).
 
 So where both forms apply to an eager CUDA step (not a captured one, whose choice is timed by
-device time alone), the layer alternates them over its first training steps (20-52 steps, in
-blocks: :class:`FormTrial` says why) and keeps the one whose steps were faster. A step's time is
+device time alone), a layer whose cache fills in a training call alternates them over its first
+training steps (21-53, in blocks: :class:`FormTrial` says why) and keeps the one whose steps were
+faster; one trial runs at a time on a device (layers that read the same input would time each
+other's forms), the others wait on their first form. A step's time is
 read from CUDA events recorded at the layer's training calls: the device time between two of them
 is the step's time whether the step is bound by the host (the device waits for launches between
-the events) or by the device. Calls without autograd (evaluation) are not counted; a CUDA graph
-captured meanwhile ends the trial with the form in use.
+the events) or by the device. Calls without autograd (evaluation) are not counted, and a pair of
+steps of which only one had such calls is left out (evaluation every few epochs would otherwise
+fall on one form's steps); a CUDA graph captured meanwhile ends the trial with the form in use,
+and ``fgplugin.set_sparse_input("0")`` / ``("1")`` ends it with the form that mode asks for.
 """
 from __future__ import annotations
 
 import statistics
+import weakref
 
 import torch
+
+from .config import settings
 
 BLOCK = 2  # steps in a row on one form, the last of them timed: its predecessor used the same form
 WARM_UP_BLOCKS = 2  # one per form, untimed: a form's first steps load kernels and make the products'
@@ -32,14 +39,16 @@ LEAD = 4  # the trial ends when one form has won this many more pairs than the o
 MAX_PAIRS = 12  # else after this many pairs, by the median difference
 MAX_STEPS = BLOCK * (WARM_UP_BLOCKS + 2 * MAX_PAIRS)
 
+_running: dict = {}  # device -> weak reference to the trial timing its steps now
+
 
 class FormTrial:
     """Two kept forms of one input, ``first`` in use now. :meth:`on_call` at each of the layer's
     calls alternates them in blocks of ``BLOCK`` training steps, compares each timed step of the
     second form with the first form's just before it (a pair; a drift that slows the steps
     favours the first form, which a layer keeps without a trial), and answers the faster form once
-    one has won ``LEAD`` pairs more than the other (4 pairs, 20 steps, where one form is clearly
-    faster), else after ``MAX_PAIRS`` pairs by the median difference.
+    one has won ``LEAD`` pairs more than the other (21 steps at the least), else after
+    ``MAX_PAIRS`` pairs by the median difference.
 
     Why so: a step's time moves by 10-20% over a few dozen steps of one process and by 5-10% from
     one step to the next, so the forms alternate (timed one after the other, the later one won by
@@ -50,9 +59,13 @@ class FormTrial:
     step, the sparse form was credited with the dense form's hidden work: 0.1-0.2 ms faster on
     coauthor_cs, cornell5 and facebook_pagepage, where its steps run as fast or slower). The
     pairs are read from events already done (``query``), so the trial syncs the host only once,
-    if it runs to ``MAX_PAIRS``."""
+    if it runs to ``MAX_PAIRS``. While it runs, the layer's calls take its full path (the
+    repeated-call fast path, fgplugin.layer_calls, waits for the kept form), about 16 us more
+    host time per step on a 2-core CPU than the dense form runs with afterwards: a bias of
+    under 1% of these steps towards the second form."""
 
-    __slots__ = ("forms", "current", "_device", "_events", "_differences")
+    __slots__ = ("forms", "current", "_device", "_events", "_differences", "_pairs_read", "_uncounted",
+                 "_waited", "__weakref__")
 
     def __init__(self, first, second, device: torch.device):
         self.forms = (first, second)
@@ -60,15 +73,31 @@ class FormTrial:
         self._device = device
         self._events: list = []  # one per counted call; step i runs from event i to i + 1
         self._differences: list = []  # second form's timed step minus the first form's before it
+        self._pairs_read = 0
+        self._uncounted: set = set()  # steps in which the layer was also called without autograd
+        self._waited = 0  # training calls spent waiting for another layer's trial
 
     def on_call(self):
         """Notes one call of the layer; returns what to keep from now on: this trial while it
         runs, else the form whose training steps were faster. A CUDA graph captured meanwhile
         reads the form in use, which is then kept: switching would free what the graph reads."""
         if torch.cuda.is_current_stream_capturing():
-            return self.current
+            return self._end(self.current)
+        if settings.sparse_input != "auto":  # the forms are (dense, sparse)
+            return self._end(self.forms[settings.sparse_input == "1"])
         if not torch.is_grad_enabled():
+            if self._events:
+                self._uncounted.add(len(self._events) - 1)
             return self
+        running = _running.get(self._device)
+        running = running() if running is not None else None
+        if running is not None and running is not self:
+            # another layer's trial times these steps: wait on the first form, unless that layer
+            # has stopped training (a model built and left) for longer than a whole trial
+            self._waited += 1
+            if self._waited <= 2 * MAX_STEPS:
+                return self
+        _running[self._device] = weakref.ref(self)
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self._device))
         step = len(self._events)  # the step this call starts
@@ -79,24 +108,34 @@ class FormTrial:
         negative = sum(d < 0 for d in self._differences)
         lead = negative - (len(self._differences) - negative)
         if abs(lead) >= LEAD:
-            return self.forms[1] if lead > 0 else self.forms[0]
-        if len(self._differences) == MAX_PAIRS:
-            return self.forms[1] if statistics.median(self._differences) < 0 else self.forms[0]
+            return self._end(self.forms[lead > 0])
+        if self._pairs_read == MAX_PAIRS:
+            faster = bool(self._differences) and statistics.median(self._differences) < 0
+            return self._end(self.forms[faster])
         self.current = self.forms[step // BLOCK % 2]
         return self
 
+    def _end(self, kept):
+        running = _running.get(self._device)
+        if running is not None and running() in (self, None):
+            del _running[self._device]
+        return kept
+
     def _read_pairs(self) -> None:
-        """Adds the pairs whose steps' events are recorded and done on the device."""
-        while len(self._differences) < MAX_PAIRS:
-            second_block = WARM_UP_BLOCKS + 2 * len(self._differences) + 1
+        """Adds the pairs whose steps' events are recorded and done on the device; a pair of
+        which one step had uncounted calls and the other not gives no difference."""
+        while self._pairs_read < MAX_PAIRS:
+            second_block = WARM_UP_BLOCKS + 2 * self._pairs_read + 1
             end = (second_block + 1) * BLOCK  # the event that ends the second block's timed step
             if end >= len(self._events) or not self._events[end].query():
                 return
-            self._differences.append(self._timed_ms(second_block) - self._timed_ms(second_block - 1))
+            self._pairs_read += 1
+            second, first = (block * BLOCK + BLOCK - 1 for block in (second_block, second_block - 1))
+            if (second in self._uncounted) == (first in self._uncounted):
+                self._differences.append(self._step_ms(second) - self._step_ms(first))
 
-    def _timed_ms(self, block: int) -> float:
-        last = block * BLOCK + BLOCK - 1
-        return self._events[last].elapsed_time(self._events[last + 1])
+    def _step_ms(self, step: int) -> float:
+        return self._events[step].elapsed_time(self._events[step + 1])
 
 
 def current(kept):

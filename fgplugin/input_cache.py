@@ -19,7 +19,7 @@ When a layer uses it (all must hold, else the layer runs as without it, at no ex
 - the kept tensor (the size of ``x``) is at most ``MAX_MEMORY_FRACTION`` of the device's memory.
 
 Switch it off with ``FGPLUGIN_INPUT_CACHE=0`` or :func:`fgplugin.set_input_cache`. A layer holds at most
-one kept tensor; a call with another input drops it, so does freeing ``x``, and a layer that is
+one kept input (two forms of it while fgplugin.form_trial times them); a call with another input drops it, so does freeing ``x``, and a layer that is
 copied or pickled starts empty. Changes that PyTorch does not count in ``_version`` (writes
 through ``x.data`` or through a NumPy view) are not seen: after such a write, call
 :meth:`InputCache.clear` on the layer's cache (``fgplugin.input_cache.of(layer)``) or switch the
@@ -111,7 +111,7 @@ class InputCache:
         in the version check's answer, nor for an ``x`` that needs a gradient), else ``None``: a
         layer's other product with the same input (SAGE's root weight) may use it."""
         if self._key is None or not _context_allows() or not _constant(x) or \
-                self._for_captured_step != in_captured_step():
+                self._for_captured_step != in_captured_step() and torch.is_grad_enabled():
             return None
         return hold(current(self._value)) if self._key.is_of(x) else None
 
@@ -134,8 +134,9 @@ class InputCache:
 
         ``deps`` lists everything besides ``x`` that the aggregation reads (graph, edge values,
         normalization settings). Do not modify the returned tensor: later calls return it again.
-        What is kept for a captured step (fgplugin.autotune.for_captured_step) and for an eager
-        one is built apart: their forms are chosen by different costs.
+        What is kept for a captured step's training (fgplugin.autotune.for_captured_step) and for
+        an eager one is built apart, their forms being chosen by different costs; a call without
+        autograd (evaluation) reads either.
         ``aggregate()`` may return a :class:`fgplugin.form_trial.FormTrial` of two forms: each
         call then returns the form in use and counts the call, until one form is kept.
         """
@@ -143,6 +144,8 @@ class InputCache:
             self.clear()  # what the aggregation reads changes with each step: nothing to keep
             return None
         for_captured_step = in_captured_step()
+        if self._key is not None and not torch.is_grad_enabled():
+            for_captured_step = self._for_captured_step  # an evaluation reads the form kept for training
         deps = (x, *deps, for_captured_step)
         if self._key is not None and self._key.matches(deps):
             if isinstance(self._value, FormTrial):

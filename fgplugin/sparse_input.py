@@ -13,7 +13,8 @@ When the input cache (fgplugin.input_cache) keeps a layer's constant input anywa
 transposed product for ``W``'s gradient), ``A^K`` on the layer's graph. Per step that is 2 + 2K
 sparse products over ``nnz(x) + K nnz(A)`` entries instead of two GEMMs over ``A^K x``'s entries.
 A layer's other product with the same input (SAGE's root weight, ``aggregation.transform``) runs
-on the sparse form too; the probe does not time it, so it underrates the sparse form there.
+on the sparse form too; the probe (CPU, captured steps) does not time it, so it underrates the
+sparse form there.
 
 Which is faster depends on the densities, the widths, the device and the rest of the step, so
 the choice is timed, once, when the cache is filled (:func:`keep`): for a captured step and on the
@@ -77,18 +78,19 @@ class SparseInput:
         return ops.spmm(self.adj, w)
 
 
-def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor]):
+def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor], training: bool = True):
     """What a layer that aggregates ``x`` over ``graph`` (an ``Aggregation``) ``hops`` times and
     multiplies it by a ``[F, width]`` weight keeps of its constant input: ``dense()`` (``A^K x``),
     ``x`` as a :class:`SparseInput` where its products are faster, or, where both forms apply to
-    an eager CUDA step, a :class:`fgplugin.form_trial.FormTrial` that times both on the training
-    steps (the input cache keeps the faster)."""
+    an eager CUDA ``training`` step, a :class:`fgplugin.form_trial.FormTrial` that times both on
+    the training steps (the input cache keeps the faster; a cache filled without autograd, for
+    evaluation, has no training steps to time and is probed)."""
     sparse = _candidate(graph, x, hops)
     if sparse is None:
         return dense()
     if settings.sparse_input == "1":
         return sparse
-    if x.is_cuda and not autotune.in_captured_step():
+    if x.is_cuda and training and not autotune.in_captured_step():
         return FormTrial(dense(), sparse, x.device)
     try:
         faster = _sparse_is_faster(graph, x, sparse, width, hops)
@@ -122,11 +124,10 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
     """Times one training step's use of each form, forward and backward through autograd as the
     layer runs them, at ``width`` columns: the dense form's ``(A^K x) W`` and its weight gradient
     ``(A^K x)^T G`` against ``x W``, the ``hops`` products over the graph, their adjoints and
-    ``x^T G'``. Through autograd because an eager step pays the autograd functions' host time as
-    well: timed without it, the sparse form's four products looked cheaper than they run
-    (twitch_de, H100: kept sparse, eager steps of 1.85 ms against 1.44 for cuSPARSE cached;
-    docs/results.md section 18). The zero-row skipping is off meanwhile: its host sync would wait
-    for the timer's sleep kernel."""
+    ``x^T G'``. Through autograd because a step pays the autograd functions' host time as well
+    (on the CPU, and in an evaluation's probe on CUDA; an eager CUDA training step times the forms
+    on its own steps instead, fgplugin.form_trial). The zero-row skipping is off meanwhile: its
+    host sync would wait for the timer's sleep kernel."""
     gen = torch.Generator(device=x.device).manual_seed(0)
     w = torch.randn(x.shape[1], width, device=x.device, generator=gen).requires_grad_()
     g_dst = torch.randn(graph.shape[0], width, device=x.device, generator=gen)

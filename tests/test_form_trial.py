@@ -1,8 +1,6 @@
 """fgplugin.form_trial: an eager CUDA step keeps the form of a layer's constant input (dense A x or
 sparse x) whose training steps ran faster, timed on those steps; the input cache keeps eager and
 captured-step forms apart."""
-import time
-
 import pytest
 import torch
 
@@ -13,13 +11,15 @@ from fgplugin.testing import rel_error
 
 CALLS_TO_DECIDE = MAX_STEPS + 1  # at most
 CLEAR_WIN_CALLS = BLOCK * (WARM_UP_BLOCKS + 2 * LEAD) + 1  # one form faster in every pair
+CPU = torch.device("cpu")
 
 
-class HostClockEvent:
-    """A stand-in for ``torch.cuda.Event`` that reads the host's clock (the CPU runs synchronously).
-    With ``lagging`` set, no event is done until one recorded later is synchronized, as on a
-    device that runs behind the host."""
+class FakeClockEvent:
+    """A stand-in for ``torch.cuda.Event`` on a clock the test advances (``tick``). With ``lagging``
+    set, no event is done until one recorded later is synchronized, as on a device that runs
+    behind the host."""
 
+    now = 0.0  # ms
     lagging = False
     done_until = float("-inf")
 
@@ -27,32 +27,39 @@ class HostClockEvent:
         self.at = None
 
     def record(self, stream=None):
-        self.at = time.perf_counter()
+        self.at = FakeClockEvent.now
 
     def elapsed_time(self, other):
-        return (other.at - self.at) * 1e3
+        return other.at - self.at
 
     def query(self):
-        return not HostClockEvent.lagging or self.at <= HostClockEvent.done_until
+        return not FakeClockEvent.lagging or self.at <= FakeClockEvent.done_until
 
     def synchronize(self):
-        HostClockEvent.done_until = max(HostClockEvent.done_until, self.at)
+        FakeClockEvent.done_until = max(FakeClockEvent.done_until, self.at)
+
+
+def tick(ms):
+    FakeClockEvent.now += ms
 
 
 @pytest.fixture
-def host_clock_events(monkeypatch):
-    monkeypatch.setattr(HostClockEvent, "lagging", False)
-    monkeypatch.setattr(torch.cuda, "Event", HostClockEvent)
+def fake_cuda_events(monkeypatch):
+    monkeypatch.setattr(FakeClockEvent, "lagging", False)
+    monkeypatch.setattr(torch.cuda, "Event", FakeClockEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(form_trial, "_running", {})
+    previous = fgplugin.set_sparse_input("auto")
+    yield
+    fgplugin.set_sparse_input(previous)
 
 
-def run_steps(trial, slow, ms=3.0):
-    """Calls the trial once per simulated step, each step ``ms`` longer while ``slow`` is in use,
-    until it settles; returns what it kept and how many calls it took."""
+def run_steps(trial, slow, ms=0.3, base=2.0):
+    """Calls the trial once per simulated step of ``base`` ms, ``ms`` longer while ``slow`` is in
+    use, until it settles; returns what it kept and how many calls it took."""
     for calls in range(1, 10 * CALLS_TO_DECIDE):
-        if trial.current is slow:
-            time.sleep(ms / 1e3)
+        tick(base + (ms if trial.current is slow else 0.0))
         kept = trial.on_call()
         if kept is not trial:
             return kept, calls
@@ -60,72 +67,91 @@ def run_steps(trial, slow, ms=3.0):
 
 
 @pytest.mark.parametrize("slow_first", [True, False])
-def test_keeps_the_form_whose_steps_are_faster(host_clock_events, slow_first):
+def test_keeps_the_form_whose_steps_are_faster(fake_cuda_events, slow_first):
     dense, sparse = object(), object()
-    trial = FormTrial(dense, sparse, torch.device("cpu"))
-    kept, calls = run_steps(trial, slow=dense if slow_first else sparse)
+    kept, calls = run_steps(FormTrial(dense, sparse, CPU), slow=dense if slow_first else sparse)
     assert kept is (sparse if slow_first else dense)
     assert calls == CLEAR_WIN_CALLS
 
 
-def test_the_forms_alternate_in_blocks(host_clock_events):
+def test_the_forms_alternate_in_blocks(fake_cuda_events):
     dense, sparse = object(), object()
-    trial = FormTrial(dense, sparse, torch.device("cpu"))
+    trial = FormTrial(dense, sparse, CPU)
     used = [trial.current]
     while True:
-        time.sleep(0.003 if trial.current is sparse else 0.0)
+        tick(3.0 if trial.current is sparse else 2.0)
         if trial.on_call() is not trial:
             break
         used.append(trial.current)
     assert used == [dense] + ([dense] * BLOCK + [sparse] * BLOCK) * (WARM_UP_BLOCKS // 2 + LEAD)
 
 
-def test_forms_alike_are_timed_to_the_last_pair(host_clock_events):
+def test_forms_alike_are_timed_to_the_last_pair(fake_cuda_events):
     """Where neither form wins pairs by a lead, the trial takes MAX_PAIRS pairs and the median
     difference decides; it syncs only then, reading no pair before its events are done."""
-    HostClockEvent.lagging = True
-    trial = FormTrial("dense", "sparse", torch.device("cpu"))
+    FakeClockEvent.lagging = True
+    trial = FormTrial("dense", "sparse", CPU)
     for calls in range(1, CALLS_TO_DECIDE + 1):
-        time.sleep(0.001)
+        tick(2.0 + 0.01 * (calls % 3))  # no form is faster: the pairs' signs come and go
         kept = trial.on_call()
         if kept is not trial:
             break
         assert not trial._differences
-    assert calls == CALLS_TO_DECIDE and kept in ("dense", "sparse") and len(trial._differences) == MAX_PAIRS
+    assert calls == CALLS_TO_DECIDE and trial._pairs_read == MAX_PAIRS and len(trial._differences) == MAX_PAIRS
 
 
-def test_a_drift_of_the_host_speed_is_not_taken_for_a_form(host_clock_events):
-    """Steps that get slower over the trial, the forms alike (by more than the forms differ over
-    it): neither form wins by having its steps later or earlier."""
+def test_a_drift_of_the_host_speed_is_not_taken_for_a_form(fake_cuda_events):
+    """Steps that get slower over the trial, the forms alike, by more over it than the forms
+    differ: neither form wins by having its steps later or earlier."""
     dense, sparse = object(), object()
     for slow in (dense, sparse):
-        trial = FormTrial(dense, sparse, torch.device("cpu"))
+        trial = FormTrial(dense, sparse, CPU)
         for calls in range(1, CALLS_TO_DECIDE + 1):
-            time.sleep((0.5 + 0.05 * calls + (0.4 if trial.current is slow else 0.0)) / 1e3)
+            tick(2.0 + 0.05 * calls + (0.3 if trial.current is slow else 0.0))
             kept = trial.on_call()
             if kept is not trial:
                 break
         assert kept is not slow and kept is not trial
 
 
-def test_work_that_runs_into_the_next_step_is_timed_as_in_a_row(host_clock_events):
+def test_work_that_runs_into_the_next_step_is_timed_as_in_a_row(fake_cuda_events):
     """A dense step whose GEMM still runs while the next step is queued: the next step looks
     shorter by that much. In a row the dense form's steps are the faster; timed right after a
     dense step, the sparse form's would look faster. Only steps that follow their own form count."""
     dense, sparse = object(), object()
-    trial, previous = FormTrial(dense, sparse, torch.device("cpu")), None
+    trial, previous = FormTrial(dense, sparse, CPU), None
     for _ in range(CALLS_TO_DECIDE):
-        ms = 1.0 + (0.3 if trial.current is sparse else 0.6) - (0.6 if previous is dense else 0.0)
+        tick(2.0 + (0.3 if trial.current is sparse else 0.6) - (0.6 if previous is dense else 0.0))
         previous = trial.current
-        time.sleep(ms / 1e3)
         kept = trial.on_call()
         if kept is not trial:
             break
     assert kept is dense
 
 
-def test_evaluation_calls_are_not_counted(host_clock_events):
-    trial = FormTrial("dense", "sparse", torch.device("cpu"))
+@pytest.mark.parametrize("phase", range(4))
+@pytest.mark.parametrize("slow", ["dense", "sparse"])
+def test_an_evaluation_every_few_epochs_is_not_taken_for_a_form(fake_cuda_events, phase, slow):
+    """An evaluation (calls without autograd) every 4 epochs falls on the same step of the
+    trial's 4-step cycle: pairs with it in one step only are left out. The trial keeps the faster
+    form, or, where every pair had it in one step only, the first form, having learnt nothing."""
+    trial = FormTrial("dense", "sparse", CPU)
+    for epoch in range(10 * CALLS_TO_DECIDE):
+        tick(2.0 + (0.3 if trial.current == slow else 0.0))
+        kept = trial.on_call()
+        if kept is not trial:
+            break
+        if epoch % 4 == phase:
+            with torch.no_grad():
+                assert trial.on_call() is trial
+            tick(2.0)
+    faster = "sparse" if slow == "dense" else "dense"
+    assert kept == faster if trial._differences else kept == "dense" and trial._pairs_read == MAX_PAIRS
+    assert bool(trial._differences) == (phase % 2 == 0)  # the timed steps are the odd ones
+
+
+def test_evaluation_calls_are_not_counted(fake_cuda_events):
+    trial = FormTrial("dense", "sparse", CPU)
     with torch.no_grad():
         for _ in range(3 * CALLS_TO_DECIDE):
             assert trial.on_call() is trial
@@ -133,14 +159,57 @@ def test_evaluation_calls_are_not_counted(host_clock_events):
     assert run_steps(trial, slow="dense") == ("sparse", CLEAR_WIN_CALLS)
 
 
-def test_a_capture_keeps_the_form_in_use(host_clock_events, monkeypatch):
+def test_a_capture_keeps_the_form_in_use(fake_cuda_events, monkeypatch):
     """A CUDA graph captured during the trial reads the form in use: the trial ends with it."""
-    trial = FormTrial("dense", "sparse", torch.device("cpu"))
+    trial = FormTrial("dense", "sparse", CPU)
     for _ in range(BLOCK + 1):
         trial.on_call()
     assert trial.current == "sparse"
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert trial.on_call() == "sparse"
+
+
+@pytest.mark.parametrize("mode, form", [("0", "dense"), ("1", "sparse")])
+def test_the_sparse_input_switch_ends_a_trial(fake_cuda_events, mode, form):
+    trial = FormTrial("dense", "sparse", CPU)
+    for _ in range(BLOCK + 1):
+        trial.on_call()
+    fgplugin.set_sparse_input(mode)
+    assert trial.on_call() == form
+
+
+def test_one_trial_at_a_time_on_a_device(fake_cuda_events):
+    """Two layers reading the same input in every step (two towers): the second waits on its first
+    form while the first's trial times the steps, then runs its own."""
+    first = FormTrial("dense", "sparse", CPU)
+    second = FormTrial("dense", "sparse", CPU)
+    settled = {}
+    for calls in range(1, 3 * CALLS_TO_DECIDE):
+        tick(2.0 + (0.4 if first.current == "dense" else 0.0) + (0.4 if second.current == "sparse" else 0.0))
+        for name, trial in (("first", first), ("second", second)):
+            if name not in settled:
+                kept = trial.on_call()
+                if kept is not trial:
+                    settled[name] = (kept, calls)
+        if "first" not in settled:
+            assert second.current == "dense" and not second._events
+        if len(settled) == 2:
+            break
+    assert settled["first"] == ("sparse", CLEAR_WIN_CALLS)
+    assert settled["second"][0] == "dense"
+
+
+def test_a_trial_left_running_does_not_hold_others_forever(fake_cuda_events):
+    """A layer whose model stopped training mid-trial: another layer's trial waits two trials'
+    worth of steps, then runs."""
+    FormTrial("dense", "sparse", CPU).on_call()  # freed at once: its weak entry frees the device
+    left = FormTrial("dense", "sparse", CPU)
+    left.on_call()
+    waiting = FormTrial("dense", "sparse", CPU)
+    for _ in range(2 * MAX_STEPS):
+        assert waiting.on_call() is waiting and not waiting._events
+    kept, calls = run_steps(waiting, slow="sparse")
+    assert kept == "dense"
 
 
 def test_current_reads_through_a_trial():
@@ -163,7 +232,8 @@ def bag_of_words(n, features, density, seed):
 
 def test_eager_and_captured_forms_are_kept_apart(sparse_auto, monkeypatch):
     """A form chosen for an eager step is not read by a captured step's warm-up (its form is
-    chosen by device time alone), and the other way round: the cache fills again."""
+    chosen by device time alone), and the other way round: the cache fills again. An evaluation
+    (no autograd) reads either."""
     pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
     import fgplugin.pyg as fp
     asked = []
@@ -181,10 +251,47 @@ def test_eager_and_captured_forms_are_kept_apart(sparse_auto, monkeypatch):
         for _ in range(3):
             layer(x, ei)
         assert asked == [False, True] and input_cache.of(layer).value is not eager_kept
+        captured_kept = input_cache.of(layer).value
+    with torch.no_grad():  # an evaluation between captured steps reads what they keep
+        for _ in range(2):
+            layer(x, ei)
+    assert input_cache.of(layer).value is captured_kept and asked == [False, True]
     layer(x, ei)
     assert not input_cache.of(layer).holds  # back in an eager step: noted, built again on the next call
     layer(x, ei)
     assert asked == [False, True, False]
+
+
+def test_a_layer_on_trial_counts_every_training_call(fake_cuda_events, sparse_auto, monkeypatch):
+    """A layer whose kept input is on trial takes its full way on every call (the repeated-call
+    fast path would skip the count), its outputs those of the form in use, until a form is kept;
+    then the fast path serves it again. (On the CPU no trial starts by itself: put in by hand.)"""
+    pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
+    import torch_geometric.nn as pyg_nn
+    import fgplugin.pyg as fp
+    n, features = 120, 400
+    x, ei = bag_of_words(n, features, 0.01, 5), torch.randint(0, n, (2, 500), generator=torch.Generator().manual_seed(5))
+    monkeypatch.setattr(sparse_input, "_sparse_is_faster", lambda *args: False)  # the CPU's probe keeps it dense
+    torch.manual_seed(5)
+    stock, ours = pyg_nn.GCNConv(features, 8), fp.GCNConv(features, 8)
+    ours.load_state_dict(stock.state_dict())
+    for _ in range(3):
+        ours(x, ei)
+    cache = input_cache.of(ours)
+    assert isinstance(cache.value, torch.Tensor) and not cache.on_trial
+    trial = FormTrial(cache.value, sparse_input.SparseInput.of(x), CPU)
+    cache._value = trial
+    forms = []
+    for calls in range(1, CALLS_TO_DECIDE + 1):
+        tick(2.0 + (0.5 if isinstance(trial.current, torch.Tensor) else 0.0))
+        out = ours(x, ei)
+        assert rel_error(out, stock(x, ei)) < 1e-5
+        forms.append(type(cache.value))
+        if not cache.on_trial:
+            break
+        assert len(trial._events) == calls
+    assert isinstance(cache.value, sparse_input.SparseInput) and calls == CLEAR_WIN_CALLS
+    assert set(forms) == {torch.Tensor, sparse_input.SparseInput}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the trial times CUDA steps: needs a CUDA device")
@@ -220,5 +327,10 @@ def test_training_through_the_trial_matches_stock(sparse_auto, model):
             assert rel_error(ours(x, ei), stock(x, ei)) < 1e-5
     assert forms == {torch.Tensor, sparse_input.SparseInput}
     assert cache.holds and not cache.on_trial
+    fresh = make(fp).to(device)
+    with torch.no_grad():  # filled by an evaluation: no training steps to time, so probed
+        for _ in range(2):
+            fresh(x, ei)
+    assert input_cache.of(fresh).holds and not input_cache.of(fresh).on_trial
     for a, b in zip(stock.parameters(), ours.parameters()):
         assert rel_error(b, a) < 1e-4

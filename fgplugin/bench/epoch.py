@@ -406,10 +406,11 @@ class ImplRun:
 
 def kept_input(model) -> str | None:
     """How the model's layers keep a constant input (fgplugin.input_cache): ``"dense"`` (its
-    aggregation), ``"sparse"`` (the input itself, fgplugin.sparse_input), both joined by ``+``, or
-    ``None`` where none keeps one."""
-    forms = sorted({"sparse" if isinstance(c.value, sparse_input.SparseInput) else "dense"
-                    for c in _held_caches(model)})
+    aggregation), ``"sparse"`` (the input itself, fgplugin.sparse_input), ``" (on trial)"`` after
+    the form in use where the two are still being timed (fgplugin.form_trial), several joined by
+    ``+``, or ``None`` where none keeps one."""
+    forms = sorted({("sparse" if isinstance(c.value, sparse_input.SparseInput) else "dense")
+                    + (" (on trial)" if c.on_trial else "") for c in _held_caches(model)})
     return "+".join(forms) or None
 
 
