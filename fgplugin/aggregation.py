@@ -177,12 +177,10 @@ def _kept(graph, x: Tensor, hops: int, owner, settings: tuple, node_dim: int,
     may_be_sparse = weight is not None and weight.dim() == 2 and x.dim() == 2 and node_dim % 2 == 0 \
         and isinstance(graph, Aggregation)
 
-    training = torch.is_grad_enabled()  # the cache builds under no_grad
-
     def keep():
         def dense():
             return _propagate(graph, x, hops, node_dim)
-        return sparse_input.keep(graph, x, weight.shape[1], hops, dense, training) if may_be_sparse else dense()
+        return sparse_input.keep(graph, x, weight.shape[1], hops, dense) if may_be_sparse else dense()
 
     # under autocast the aggregation is kept in the autocast dtype: a call in another precision
     # (a float32 evaluation after bf16 training) must not reuse it

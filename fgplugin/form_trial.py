@@ -20,7 +20,7 @@ read from CUDA events recorded at the layer's training calls: the device time be
 is the step's time whether the step is bound by the host (the device waits for launches between
 the events) or by the device. Calls without autograd (evaluation) are not counted, and a pair of
 steps of which only one had such calls is left out (evaluation every few epochs would otherwise
-fall on one form's steps); a CUDA graph captured meanwhile ends the trial with the form in use,
+fall on one form's steps); a layer called only so (inference) keeps the first form after a while; a CUDA graph captured meanwhile ends the trial with the form in use,
 and ``fgplugin.set_sparse_input("0")`` / ``("1")`` ends it with the form that mode asks for.
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ class FormTrial:
         self._differences: list = []  # second form's timed step minus the first form's before it
         self._pairs_read = 0
         self._uncounted: set = set()  # steps in which the layer was also called without autograd
-        self._waited = 0  # training calls spent waiting for another layer's trial
+        self._waited = 0  # calls before its first timed step: evaluations, or waiting for another trial
 
     def on_call(self):
         """Notes one call of the layer; returns what to keep from now on: this trial while it
@@ -88,7 +88,11 @@ class FormTrial:
         if not torch.is_grad_enabled():
             if self._events:
                 self._uncounted.add(len(self._events) - 1)
-            return self
+                return self
+            self._waited += 1
+            # a model used for inference alone has no training steps to time: keep the first form,
+            # and let the second go
+            return self._end(self.forms[0]) if self._waited > 2 * MAX_STEPS else self
         running = _running.get(self._device)
         running = running() if running is not None else None
         if running is not None and running is not self:

@@ -78,19 +78,18 @@ class SparseInput:
         return ops.spmm(self.adj, w)
 
 
-def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor], training: bool = True):
+def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor]):
     """What a layer that aggregates ``x`` over ``graph`` (an ``Aggregation``) ``hops`` times and
     multiplies it by a ``[F, width]`` weight keeps of its constant input: ``dense()`` (``A^K x``),
     ``x`` as a :class:`SparseInput` where its products are faster, or, where both forms apply to
-    an eager CUDA ``training`` step, a :class:`fgplugin.form_trial.FormTrial` that times both on
-    the training steps (the input cache keeps the faster; a cache filled without autograd, for
-    evaluation, has no training steps to time and is probed)."""
+    an eager CUDA step, a :class:`fgplugin.form_trial.FormTrial` that times both on the training
+    steps (the input cache keeps the faster)."""
     sparse = _candidate(graph, x, hops)
     if sparse is None:
         return dense()
     if settings.sparse_input == "1":
         return sparse
-    if x.is_cuda and training and not autotune.in_captured_step():
+    if x.is_cuda and not autotune.in_captured_step():
         return FormTrial(dense(), sparse, x.device)
     try:
         faster = _sparse_is_faster(graph, x, sparse, width, hops)
@@ -125,8 +124,8 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
     layer runs them, at ``width`` columns: the dense form's ``(A^K x) W`` and its weight gradient
     ``(A^K x)^T G`` against ``x W``, the ``hops`` products over the graph, their adjoints and
     ``x^T G'``. Through autograd because a step pays the autograd functions' host time as well
-    (on the CPU, and in an evaluation's probe on CUDA; an eager CUDA training step times the forms
-    on its own steps instead, fgplugin.form_trial). The zero-row skipping is off meanwhile: its
+    (on the CPU; an eager CUDA step times the forms on its own training steps instead,
+    fgplugin.form_trial). The zero-row skipping is off meanwhile: its
     host sync would wait for the timer's sleep kernel."""
     gen = torch.Generator(device=x.device).manual_seed(0)
     w = torch.randn(x.shape[1], width, device=x.device, generator=gen).requires_grad_()

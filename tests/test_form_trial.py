@@ -153,10 +153,22 @@ def test_an_evaluation_every_few_epochs_is_not_taken_for_a_form(fake_cuda_events
 def test_evaluation_calls_are_not_counted(fake_cuda_events):
     trial = FormTrial("dense", "sparse", CPU)
     with torch.no_grad():
-        for _ in range(3 * CALLS_TO_DECIDE):
+        for _ in range(2 * MAX_STEPS):
             assert trial.on_call() is trial
     assert trial.current == "dense"
     assert run_steps(trial, slow="dense") == ("sparse", CLEAR_WIN_CALLS)
+
+
+def test_inference_alone_keeps_the_first_form(fake_cuda_events):
+    """A layer only ever called without autograd has no training steps to time: after a while
+    it keeps the first form and lets the second go (a training call before then starts the timing:
+    test_evaluation_calls_are_not_counted)."""
+    idle = FormTrial("dense", "sparse", CPU)
+    with torch.no_grad():
+        for _ in range(2 * MAX_STEPS):
+            assert idle.on_call() is idle
+        kept = [idle.on_call() for _ in range(2)]
+    assert kept[-1] == "dense"
 
 
 def test_a_capture_keeps_the_form_in_use(fake_cuda_events, monkeypatch):
@@ -328,9 +340,9 @@ def test_training_through_the_trial_matches_stock(sparse_auto, model):
     assert forms == {torch.Tensor, sparse_input.SparseInput}
     assert cache.holds and not cache.on_trial
     fresh = make(fp).to(device)
-    with torch.no_grad():  # filled by an evaluation: no training steps to time, so probed
-        for _ in range(2):
+    with torch.no_grad():  # inference alone: no training steps to time, the dense form kept
+        for _ in range(2 * MAX_STEPS + 3):
             fresh(x, ei)
-    assert input_cache.of(fresh).holds and not input_cache.of(fresh).on_trial
+    assert isinstance(input_cache.of(fresh).value, torch.Tensor) and not input_cache.of(fresh).on_trial
     for a, b in zip(stock.parameters(), ours.parameters()):
         assert rel_error(b, a) < 1e-4
