@@ -12,16 +12,17 @@ timed alone the sparse form won on 4 of them (coauthor_cs 0.27 against 1.03 ms);
 step, which replays device time alone, the sparse form won on 11 (docs/results.md section 28).
 
 So where both forms apply to an eager CUDA step (not a captured one, whose choice is timed by
-device time alone), a layer whose cache fills in a training call alternates them over its first
-training steps (21-53, in blocks: :class:`FormTrial` says why) and keeps the one whose steps were
-faster; one trial runs at a time on a device (layers that read the same input would time each
-other's forms), the others wait on their first form. A step's time is
-read from CUDA events recorded at the layer's training calls: the device time between two of them
-is the step's time whether the step is bound by the host (the device waits for launches between
-the events) or by the device. Calls without autograd (evaluation) are not counted, and a pair of
-steps of which only one had such calls is left out (evaluation every few epochs would otherwise
-fall on one form's steps); a layer called only so (inference) keeps the first form after a while; a CUDA graph captured meanwhile ends the trial with the form in use,
-and ``fgplugin.set_sparse_input("0")`` / ``("1")`` ends it with the form that mode asks for.
+device time alone), the layer alternates them over its first training steps (21-53, in blocks:
+:class:`FormTrial` says why) and keeps the one whose steps were faster; one trial runs at a time
+on a device (layers that read the same input would time each other's forms), the others wait on
+their first form. A step's time is read from CUDA events recorded at the layer's training calls:
+the device time between two of them is the step's time whether the step is bound by the host (the
+device waits for launches between the events) or by the device. Calls without autograd
+(evaluation) are not counted, and a pair of steps of which only one had such calls is left out
+(evaluation every few epochs would otherwise fall on one form's steps); a layer called only so
+(inference) keeps the first form after a while. A CUDA graph captured meanwhile ends the trial
+with the form in use, and ``fgplugin.set_sparse_input("0")`` / ``("1")`` with the form that mode
+asks for.
 """
 from __future__ import annotations
 

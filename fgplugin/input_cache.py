@@ -18,9 +18,9 @@ When a layer uses it (all must hold, else the layer runs as without it, at no ex
   model called once (inference) never pays for a wider SpMM it will not reuse;
 - the kept tensor (the size of ``x``) is at most ``MAX_MEMORY_FRACTION`` of the device's memory.
 
-Switch it off with ``FGPLUGIN_INPUT_CACHE=0`` or :func:`fgplugin.set_input_cache`. A layer holds at most
-one kept input (two forms of it while fgplugin.form_trial times them); a call with another input drops it, so does freeing ``x``, and a layer that is
-copied or pickled starts empty. Changes that PyTorch does not count in ``_version`` (writes
+Switch it off with ``FGPLUGIN_INPUT_CACHE=0`` or :func:`fgplugin.set_input_cache`. A layer holds
+at most one kept input (two forms of it while fgplugin.form_trial times them); a call with another
+input drops it, so does freeing ``x``, and a layer that is copied or pickled starts empty. Changes that PyTorch does not count in ``_version`` (writes
 through ``x.data`` or through a NumPy view) are not seen: after such a write, call
 :meth:`InputCache.clear` on the layer's cache (``fgplugin.input_cache.of(layer)``) or switch the
 cache off.
@@ -86,7 +86,8 @@ class InputCache:
         self.clear()
 
     def clear(self) -> None:
-        self._key = self._value = self._for_captured_step = self._seen = self._seen_version = self._watch = None
+        self._key = self._value = self._for_captured_step = None
+        self._seen = self._seen_version = self._watch = None
 
     @property
     def holds(self) -> bool:
@@ -166,7 +167,8 @@ class InputCache:
             return None
         with torch.no_grad():
             value = aggregate()
-        self._key, self._value, self._for_captured_step, self._seen = _Key(deps), value, for_captured_step, None
+        self._key, self._value, self._seen = _Key(deps), value, None
+        self._for_captured_step = for_captured_step
         self._watch = weakref.ref(x, _dropper(self, self._key))  # x freed: free its aggregation too
         return hold(current(value))
 
