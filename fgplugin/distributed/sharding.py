@@ -24,7 +24,7 @@ they are in flight; the blocks ``j != g`` are then multiplied as one *remote* bl
 are the received rows stacked in block order. Sparse mode moves fewer bytes; broadcast mode needs no
 gather of send rows. Which wins depends on the graph: when a rank reads most of the other blocks'
 rows anyway (the synthetic graphs' long-range edges: 92% on products-like, 4 ranks), broadcast's
-extra bytes cost less than sparse mode's gather (``benchmarks/results/h200x4/scaling.json``).
+extra bytes cost less than sparse mode's gather (``benchmarks/results/h200-x4/scaling.json``).
 ``comm="auto"`` (the default) picks sparse mode when the ranks read at most half of those rows.
 
 Backward, ``dL/dH_j = sum_g A_gj^T G_g``. When the normalized adjacency is symmetric (a symmetric
