@@ -225,7 +225,7 @@ def test_a_trial_left_running_does_not_hold_others_forever(fake_cuda_events):
 
 
 def test_current_reads_through_a_trial():
-    assert form_trial.current(FormTrial("a", "b", torch.device("cpu"))) == "a"
+    assert form_trial.current(FormTrial("a", "b", CPU)) == "a"
     assert form_trial.current("a") == "a" and form_trial.current(None) is None
 
 
@@ -276,8 +276,8 @@ def test_eager_and_captured_forms_are_kept_apart(sparse_auto, monkeypatch):
 
 def test_a_layer_on_trial_counts_every_training_call(fake_cuda_events, sparse_auto, monkeypatch):
     """A layer whose kept input is on trial takes its full way on every call (the repeated-call
-    fast path would skip the count), its outputs those of the form in use, until a form is kept;
-    then the fast path serves it again. (On the CPU no trial starts by itself: put in by hand.)"""
+    fast path would skip the count), its outputs those of the form in use, until a form is kept.
+    (On the CPU no trial starts by itself: put in by hand.)"""
     pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
     import torch_geometric.nn as pyg_nn
     import fgplugin.pyg as fp
