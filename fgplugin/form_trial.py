@@ -135,7 +135,8 @@ class FormTrial:
             if end >= len(self._events) or not self._events[end].query():
                 return
             self._pairs_read += 1
-            second, first = (block * BLOCK + BLOCK - 1 for block in (second_block, second_block - 1))
+            second = end - 1  # each block's last step is its timed one
+            first = second - BLOCK
             if (second in self._uncounted) == (first in self._uncounted):
                 self._differences.append(self._step_ms(second) - self._step_ms(first))
 

@@ -151,7 +151,8 @@ class InputCache:
         if self._key is not None and self._key.matches(deps):
             if isinstance(self._value, FormTrial):
                 self._value = self._value.on_call()
-            return hold(current(self._value))
+                return hold(current(self._value))
+            return hold(self._value)
         # The first call with this x only notes it (by a weak reference and its version: cheap,
         # since a layer whose input changes every step, e.g. after dropout, comes here each time);
         # the second builds the aggregation, from and keyed by that call's graph and settings.
