@@ -61,9 +61,9 @@ class FormTrial:
     coauthor_cs, cornell5 and facebook_pagepage, where its steps run as fast or slower). The
     pairs are read from events already done (``query``), so the trial syncs the host only once,
     if it runs to ``MAX_PAIRS``. While it runs, the layer's calls take its full path (the
-    repeated-call fast path, fgplugin.layer_calls, waits for the kept form), about 16 us more
-    host time per step on a 2-core CPU than the dense form runs with afterwards: a bias of
-    under 1% of these steps towards the second form."""
+    repeated-call fast path, fgplugin.layer_calls, waits for the kept form): 52 against 19 us of
+    host time per call on a 2-core CPU (benchmarks/results/cpu/form_trial_full_path_cpu.json), a
+    bias of 1-2% of a 2 ms step towards the second form."""
 
     __slots__ = ("forms", "current", "_device", "_events", "_differences", "_pairs_read", "_uncounted",
                  "_waited", "__weakref__")
