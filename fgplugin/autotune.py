@@ -161,13 +161,21 @@ def batch_for(once_ms: float) -> int:
 
 def time_runs(run, n: int) -> float:
     """Mean ms of ``n`` back-to-back calls of ``run``, by CUDA events."""
+    return _device_and_host_ms(run, n)[0]
+
+
+def _device_and_host_ms(run, n: int) -> tuple[float, float]:
+    """Mean ms per call of ``n`` back-to-back calls of ``run``: the device's (CUDA events) and the
+    host's to make the calls."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    queued = time.perf_counter()
     for _ in range(n):
         run()
+    host_ms = (time.perf_counter() - queued) * 1e3 / n
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / n
+    return start.elapsed_time(end) / n, host_ms
 
 
 def choose_threshold(adj, dtype: torch.dtype = torch.float32, *, candidates=CANDIDATES, F: int = 128) -> dict:
@@ -253,8 +261,34 @@ def _batch_cost_ms(run, n: int, device: torch.device) -> float:
     run()
     host_s = time.perf_counter() - queued
     torch.cuda.synchronize(device)
-    sleep = getattr(torch.cuda, "_sleep", None)  # private to torch: without it, launch gaps count too
-    if sleep is not None:
-        sleep(int(min(2.0 * n * host_s, 0.5) * SLEEP_CYCLES_PER_S))
+    _hold_device(2.0 * n * host_s)
     device_ms = time_runs(run, n)
     return device_ms if _captured.get() else max(device_ms, host_s * 1e3)
+
+
+def _hold_device(seconds: float) -> None:
+    """Keeps the current CUDA stream busy for about ``seconds`` (at most 0.5 s), so that what the
+    host queues meanwhile runs back to back, without the gaps of its launches."""
+    sleep = getattr(torch.cuda, "_sleep", None)  # private to torch: without it, launch gaps count too
+    if sleep is not None:
+        sleep(int(min(seconds, 0.5) * SLEEP_CYCLES_PER_S))
+
+
+def device_and_host_ms(run, device: torch.device) -> tuple[float, float]:
+    """``run``'s device time and the host's time to make its calls, in ms per run (CUDA; medians
+    over ``COST_SAMPLES`` batches of >= ~0.25 ms, after an untimed run): the device held while the
+    host queues each batch, so that the device time has no launch gaps and the host time no
+    waits. An eager step pays the host time where the host is its bottleneck and the device time
+    where the device is."""
+    run()
+    torch.cuda.synchronize(device)
+    queued = time.perf_counter()
+    run()
+    host_s = time.perf_counter() - queued
+    batch = batch_for(max(time_runs(run, 1), host_s * 1e3))
+    samples = []
+    for _ in range(COST_SAMPLES):
+        torch.cuda.synchronize(device)
+        _hold_device(2.0 * batch * host_s)
+        samples.append(_device_and_host_ms(run, batch))
+    return statistics.median(d for d, _ in samples), statistics.median(h for _, h in samples)

@@ -11,10 +11,10 @@ not. H100, eager GCN steps, 12 graphs with bag-of-words features: the dense form
 timed alone the sparse form won on 4 of them (coauthor_cs 0.27 against 1.03 ms); in a captured
 step, which replays device time alone, the sparse form won on 11 (docs/results.md section 28).
 
-So where both forms apply to an eager CUDA step (not a captured one, whose choice is timed by
-device time alone), the layer alternates them over its first training steps (21-53, in blocks:
-:class:`FormTrial` says why) and keeps the one whose steps were faster; one trial runs at a time
-on a device (layers that read the same input would time each other's forms), the others wait on
+So where the sparse form may make an eager CUDA step faster (not a captured one, whose choice is
+timed by device time alone; fgplugin.sparse_input.may_win_eager), the layer alternates the two
+over its first training steps (21-53, in blocks: :class:`FormTrial` says why) and keeps the one
+whose steps were faster; one trial runs at a time on a device (layers that read the same input would time each other's forms), the others wait on
 their first form. A step's time is read from CUDA events recorded at the layer's training calls:
 the device time between two of them is the step's time whether the step is bound by the host (the
 device waits for launches between the events) or by the device. Calls without autograd

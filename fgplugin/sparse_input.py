@@ -18,9 +18,10 @@ sparse form there.
 
 Which is faster depends on the densities, the widths, the device and the rest of the step, so
 the choice is timed, once, when the cache is filled (:func:`keep`): for a captured step and on the
-CPU, both ways' forward and backward products on the actual shapes; for an eager CUDA step, whose
-host queues kernels while the device runs earlier ones, the user's own training steps with each
-form (fgplugin.form_trial). Only float32 inputs are candidates: float64 runs are reference runs,
+CPU, both ways' forward and backward products on the actual shapes. An eager CUDA step, whose
+host queues kernels while the device runs earlier ones, keeps the dense form unless the sparse
+one saves more device time than it adds host time (:func:`may_win_eager`), and where it does,
+times the two forms on the user's own training steps (fgplugin.form_trial). Only float32 inputs are candidates: float64 runs are reference runs,
 and 16-bit inputs would be widened to float32 values. ``FGPLUGIN_SPARSE_INPUT`` /
 :func:`fgplugin.set_sparse_input` turn the choice off (``"0"``) or force the sparse form wherever it
 applies (``"1"``, for tests).
@@ -81,22 +82,38 @@ class SparseInput:
 def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor]):
     """What a layer that aggregates ``x`` over ``graph`` (an ``Aggregation``) ``hops`` times and
     multiplies it by a ``[F, width]`` weight keeps of its constant input: ``dense()`` (``A^K x``),
-    ``x`` as a :class:`SparseInput` where its products are faster, or, where both forms apply to
-    an eager CUDA step, a :class:`fgplugin.form_trial.FormTrial` that times both on the training
-    steps (the input cache keeps the faster)."""
+    ``x`` as a :class:`SparseInput` where its products are faster, or, where the sparse form may
+    make an eager CUDA step faster, a :class:`fgplugin.form_trial.FormTrial` that times both on
+    the training steps (the input cache keeps the faster)."""
     sparse = _candidate(graph, x, hops)
     if sparse is None:
         return dense()
     if settings.sparse_input == "1":
         return sparse
-    if x.is_cuda and not autotune.in_captured_step():
-        return FormTrial(dense(), sparse, x.device)
+    eager_cuda = x.is_cuda and not autotune.in_captured_step()
     try:
+        if eager_cuda:
+            dense_ms, sparse_ms = _form_costs_ms(graph, x, sparse, width, hops)
+            return FormTrial(dense(), sparse, x.device) if may_win_eager(dense_ms, sparse_ms) else dense()
         faster = _sparse_is_faster(graph, x, sparse, width, hops)
     except torch.cuda.OutOfMemoryError:  # probing the sparse form: the dense one needs no more
         torch.cuda.empty_cache()
         faster = False
     return sparse if faster else dense()
+
+
+def may_win_eager(dense_ms: tuple[float, float], sparse_ms: tuple[float, float]) -> bool:
+    """Whether the sparse form may make an eager step faster, given each form's ``(device, host)``
+    ms per step (:func:`_form_costs_ms`): only if it saves more device time than it adds host
+    time. A step bound by its host pays the forms' host times (the dense GEMMs run while the host
+    queues the rest); one bound by its device gains at most the device time saved, which is then
+    less than the sparse form's added host time, so little against such a step. H100, 12 graphs
+    with bag-of-words features (docs/results.md section 29): the sparse form saved 0.01-0.12 ms of
+    device time on 8 of them and was 0.09-0.53 ms slower in every one's eager steps; where it saved
+    0.46-0.89 ms (coauthor_cs, cornell5, facebook_pagepage) the eager steps were within 7% either
+    way, which only a trial on those steps tells apart."""
+    (dense_device, dense_host), (sparse_device, sparse_host) = dense_ms, sparse_ms
+    return dense_device - sparse_device > sparse_host - dense_host
 
 
 def _candidate(graph, x: Tensor, hops: int) -> SparseInput | None:
@@ -118,15 +135,37 @@ def _candidate(graph, x: Tensor, hops: int) -> SparseInput | None:
         return None
 
 
-@torch.enable_grad()
 def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: int) -> bool:
-    """Times one training step's use of each form, forward and backward through autograd as the
-    layer runs them, at ``width`` columns: the dense form's ``(A^K x) W`` and its weight gradient
-    ``(A^K x)^T G`` against ``x W``, the ``hops`` products over the graph, their adjoints and
-    ``x^T G'``. Through autograd because a step pays the autograd functions' host time as well
-    (on the CPU; an eager CUDA step times the forms on its own training steps instead,
-    fgplugin.form_trial). The zero-row skipping is off meanwhile: its
-    host sync would wait for the timer's sleep kernel."""
+    """Times one training step's use of each form (:func:`_form_steps`) by
+    :func:`fgplugin.autotune.cost_ms`: on the CPU and for a captured step."""
+    sparse_step, dense_step = _form_steps(graph, x, sparse, width, hops)
+    skipping = set_row_skipping(False)  # its host sync would wait for the timer's sleep kernel
+    try:
+        sparse_ms = autotune.cost_ms(sparse_step, x.device, warm_up=True)
+        # warmed up too: a first GEMM of a shape loads its kernels (CUDA's lazy loading), which
+        # made one dense step look slower than the whole sparse one and ended the timing there
+        return sparse_ms < autotune.cost_ms(dense_step, x.device, warm_up=True, stop_above=sparse_ms)
+    finally:
+        set_row_skipping(skipping)
+
+
+def _form_costs_ms(graph, x: Tensor, sparse: SparseInput, width: int, hops: int):
+    """``((device, host), (device, host))`` ms of one training step's use of the dense and the
+    sparse form (:func:`_form_steps`; :func:`fgplugin.autotune.device_and_host_ms`)."""
+    sparse_step, dense_step = _form_steps(graph, x, sparse, width, hops)
+    skipping = set_row_skipping(False)  # its host sync would wait for the timer's sleep kernel
+    try:
+        return autotune.device_and_host_ms(dense_step, x.device), autotune.device_and_host_ms(sparse_step, x.device)
+    finally:
+        set_row_skipping(skipping)
+
+
+def _form_steps(graph, x: Tensor, sparse: SparseInput, width: int, hops: int):
+    """``(sparse_step, dense_step)``: one training step's use of each form, forward and backward
+    through autograd as the layer runs them, at ``width`` columns: ``x W``, the ``hops`` products
+    over the graph, their adjoints and ``x^T G'``, against the dense form's ``(A^K x) W`` and its
+    weight gradient ``(A^K x)^T G``. Through autograd because a step pays the autograd functions'
+    host time as well."""
     gen = torch.Generator(device=x.device).manual_seed(0)
     w = torch.randn(x.shape[1], width, device=x.device, generator=gen).requires_grad_()
     g_dst = torch.randn(graph.shape[0], width, device=x.device, generator=gen)
@@ -142,15 +181,8 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
     def step(forward):
         def run():
             w.grad = None
-            forward().backward(g_dst)
+            with torch.enable_grad():
+                forward().backward(g_dst)
         return run
 
-    skipping = set_row_skipping(False)
-    try:
-        sparse_ms = autotune.cost_ms(step(sparse_forward), x.device, warm_up=True)
-        # warmed up too: a first GEMM of a shape loads its kernels (CUDA's lazy loading), which
-        # made one dense step look slower than the whole sparse one and ended the timing there
-        return sparse_ms < autotune.cost_ms(step(lambda: aggregated @ w), x.device, warm_up=True,
-                                            stop_above=sparse_ms)
-    finally:
-        set_row_skipping(skipping)
+    return step(sparse_forward), step(lambda: aggregated @ w)

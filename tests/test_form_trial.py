@@ -306,15 +306,69 @@ def test_a_layer_on_trial_counts_every_training_call(fake_cuda_events, sparse_au
     assert set(forms) == {torch.Tensor, sparse_input.SparseInput}
 
 
+@pytest.mark.parametrize("dense_ms, sparse_ms, trial", [
+    ((0.10, 0.05), (0.05, 0.15), False),  # saves 0.05 ms of device time, adds 0.10 of host time
+    ((0.05, 0.05), (0.10, 0.05), False),  # saves nothing
+    ((1.00, 0.05), (0.20, 0.15), True),  # saves 0.80, adds 0.10
+    ((0.30, 0.10), (0.25, 0.08), True),  # faster on both counts
+])
+def test_a_trial_only_where_the_sparse_form_may_win_an_eager_step(dense_ms, sparse_ms, trial):
+    assert sparse_input.may_win_eager(dense_ms, sparse_ms) == trial
+
+
+def test_an_eager_cuda_fill_weighs_device_time_saved_against_host_time_added(sparse_auto, monkeypatch):
+    """On an eager CUDA step the kept input is the dense form, without a trial, unless the sparse
+    form saves more device time than it adds host time; then the two go on trial. (CPU: the
+    input stands in for a CUDA one, the forms' costs are given.)"""
+    pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
+    import fgplugin.pyg as fp
+    n, features = 120, 400
+    x, ei = bag_of_words(n, features, 0.01, 6), torch.randint(0, n, (2, 500), generator=torch.Generator().manual_seed(6))
+    graph = fp.SAGEConv(features, 8)._aggregation((x, None), ei, (n, n))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: t is x or t.device.type == "cuda"))
+    monkeypatch.setattr(sparse_input, "capturing", lambda t: False)
+    monkeypatch.setattr(sparse_input, "_sparse_is_faster", lambda *args: pytest.fail("the CPU's probe asked"))
+    dense = torch.full((n, features), 2.0)
+    for costs, kept in [(((0.1, 0.05), (0.05, 0.15)), torch.Tensor), (((1.0, 0.05), (0.2, 0.15)), FormTrial)]:
+        asked = []
+        monkeypatch.setattr(sparse_input, "_form_costs_ms", lambda *args, c=costs: asked.append(args[3:]) or c)
+        value = sparse_input.keep(graph, x, 8, 1, lambda: dense)
+        assert asked == [(8, 1)] and type(value) is kept
+        assert (value if kept is torch.Tensor else value.forms[0]) is dense
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times CUDA products: needs a CUDA device")
+def test_a_small_input_keeps_the_dense_form_without_a_trial(sparse_auto, monkeypatch):
+    """A bag-of-words input whose GEMMs take a few microseconds: the sparse form's four products
+    save no device time, so an eager CUDA step keeps the dense form from the start; the costs
+    timed are real numbers."""
+    pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
+    import fgplugin.pyg as fp
+    n, features, device = 300, 800, torch.device("cuda")
+    x = bag_of_words(n, features, 0.005, 7).to(device)
+    ei = torch.randint(0, n, (2, 1500), generator=torch.Generator().manual_seed(7)).to(device)
+    costs, timed = [], sparse_input._form_costs_ms
+    monkeypatch.setattr(sparse_input, "_form_costs_ms", lambda *args: costs.append(timed(*args)) or costs[-1])
+    layer = fp.GCNConv(features, 16).to(device)
+    for _ in range(3):
+        layer(x, ei).sum().backward()
+    (dense_ms, sparse_ms), = costs
+    assert all(0 < ms < 100 for ms in (*dense_ms, *sparse_ms)), costs
+    assert not sparse_input.may_win_eager(dense_ms, sparse_ms), costs
+    cache = input_cache.of(layer)
+    assert isinstance(cache.value, torch.Tensor) and not cache.on_trial
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the trial times CUDA steps: needs a CUDA device")
 @pytest.mark.parametrize("model", ["gcn", "sage"])
-def test_training_through_the_trial_matches_stock(sparse_auto, model):
+def test_training_through_the_trial_matches_stock(sparse_auto, model, monkeypatch):
     """A bag-of-words input on CUDA: both forms are used, then one is kept; every step's output
     and the trained weights match stock PyG's (SGD), and evaluation calls in between change
     nothing."""
     pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
     import torch_geometric.nn as pyg_nn
     import fgplugin.pyg as fp
+    monkeypatch.setattr(sparse_input, "may_win_eager", lambda *costs: True)  # too small to win: tried anyway
     n, features, device = 300, 800, torch.device("cuda")
     x = bag_of_words(n, features, 0.005, 4).to(device)
     ei = torch.randint(0, n, (2, 1500), generator=torch.Generator().manual_seed(4)).to(device)
