@@ -20,7 +20,7 @@ Which is faster depends on the densities, the widths, the device and the rest of
 the choice is timed, once, when the cache is filled (:func:`keep`): for a captured step and on the
 CPU, both ways' forward and backward products on the actual shapes. An eager CUDA step, whose
 host queues kernels while the device runs earlier ones, keeps the dense form unless the sparse
-one saves more device time than it adds host time (:func:`may_win_eager`), and where it does,
+one saves more device time than its own host time (:func:`may_win_eager`), and where it does,
 times the two forms on the user's own training steps (fgplugin.form_trial). Only float32 inputs are candidates: float64 runs are reference runs,
 and 16-bit inputs would be widened to float32 values. ``FGPLUGIN_SPARSE_INPUT`` /
 :func:`fgplugin.set_sparse_input` turn the choice off (``"0"``) or force the sparse form wherever it
@@ -104,16 +104,19 @@ def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor]):
 
 def may_win_eager(dense_ms: tuple[float, float], sparse_ms: tuple[float, float]) -> bool:
     """Whether the sparse form may make an eager step faster, given each form's ``(device, host)``
-    ms per step (:func:`_form_costs_ms`): only if it saves more device time than it adds host
-    time. A step bound by its host pays the forms' host times (the dense GEMMs run while the host
-    queues the rest); one bound by its device gains at most the device time saved, which is then
-    less than the sparse form's added host time, so little against such a step. H100, 12 graphs
-    with bag-of-words features (docs/results.md section 29): the sparse form saved 0.01-0.12 ms of
-    device time on 8 of them and was 0.09-0.53 ms slower in every one's eager steps; where it saved
-    0.46-0.89 ms (coauthor_cs, cornell5, facebook_pagepage) the eager steps were within 7% either
-    way, which only a trial on those steps tells apart."""
-    (dense_device, dense_host), (sparse_device, sparse_host) = dense_ms, sparse_ms
-    return dense_device - sparse_device > sparse_host - dense_host
+    ms per step (:func:`_form_costs_ms`): only if the device time it saves exceeds its own host
+    time. A step bound by its host pays the sparse form's host work, which in a layer is more than
+    its products' extra launches (the dense form's product runs from the layer's kept call, the
+    sparse form's from its full path); one bound by its device gains at most the device time
+    saved, little against such a step where it is less than that host time. H100, 12 graphs with
+    bag-of-words features (docs/results.md section 29): the sparse form saved 0.003-0.12 ms of
+    device time on 8 of them for 0.31-0.83 ms of host time, and their eager steps ran 0.09-0.53 ms
+    slower on it; on two it saved 0.78-0.90 ms for 0.48-0.49, and their eager steps were within 7%
+    either way, which only a trial on those steps tells apart. The difference of the two forms'
+    host times, the obvious bound, read -0.03 to 0.42 ms on the same graphs, noise against the
+    steps' 0.09-0.53."""
+    (dense_device, _), (sparse_device, sparse_host) = dense_ms, sparse_ms
+    return dense_device - sparse_device > sparse_host
 
 
 def _candidate(graph, x: Tensor, hops: int) -> SparseInput | None:
