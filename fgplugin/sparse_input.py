@@ -93,8 +93,7 @@ def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor]):
     eager_cuda = x.is_cuda and not autotune.in_captured_step()
     try:
         if eager_cuda:
-            dense_ms, sparse_ms = _form_costs_ms(graph, x, sparse, width, hops)
-            return FormTrial(dense(), sparse, x.device) if may_win_eager(dense_ms, sparse_ms) else dense()
+            return FormTrial(dense(), sparse, x.device) if _worth_a_trial(graph, x, sparse, width, hops) else dense()
         faster = _sparse_is_faster(graph, x, sparse, width, hops)
     except torch.cuda.OutOfMemoryError:  # probing the sparse form: the dense one needs no more
         torch.cuda.empty_cache()
@@ -102,20 +101,27 @@ def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor]):
     return sparse if faster else dense()
 
 
-def may_win_eager(dense_ms: tuple[float, float], sparse_ms: tuple[float, float]) -> bool:
+def may_win_eager(dense_ms: tuple[float, float], sparse_ms: tuple[float, float] | None = None) -> bool:
     """Whether the sparse form may make an eager step faster, given each form's ``(device, host)``
-    ms per step (:func:`_form_costs_ms`): only if the device time it saves exceeds its own host
+    ms per step (:func:`_worth_a_trial`): only if the device time it saves exceeds its own host
     time. A step bound by its host pays the sparse form's host work, which in a layer is more than
     its products' extra launches (the dense form's product runs from the layer's kept call, the
     sparse form's from its full path); one bound by its device gains at most the device time
-    saved, little against such a step where it is less than that host time. H100, 12 graphs with
-    bag-of-words features (docs/results.md section 29): the sparse form saved 0.003-0.12 ms of
-    device time on 8 of them for 0.31-0.83 ms of host time, and their eager steps ran 0.09-0.53 ms
-    slower on it; on two it saved 0.78-0.90 ms for 0.48-0.49, and their eager steps were within 7%
-    either way, which only a trial on those steps tells apart. The difference of the two forms'
-    host times, the obvious bound, read -0.03 to 0.42 ms on the same graphs, noise against the
-    steps' 0.09-0.53."""
-    (dense_device, _), (sparse_device, sparse_host) = dense_ms, sparse_ms
+    saved, little against such a step where it is less than that host time. Without
+    ``sparse_ms`` (not timed yet): whether the dense form's device time exceeds its host time, as
+    it must for the sparse form to save more than its own host time, which is at least the dense
+    form's (2 + 2K sparse products against two GEMMs).
+
+    H100, 12 graphs with bag-of-words features (docs/results.md section 29): the sparse form saved
+    0.003-0.12 ms of device time on 8 of them for 0.31-0.83 ms of host time, and their eager steps
+    ran 0.09-0.53 ms slower on it; on two it saved 0.78-0.90 ms for 0.48-0.49, and their eager
+    steps were within 7% either way, which only a trial on those steps tells apart. The difference
+    of the two forms' host times, the obvious bound, read -0.03 to 0.42 ms on the same graphs,
+    noise against the steps' 0.09-0.53."""
+    dense_device, dense_host = dense_ms
+    if sparse_ms is None:
+        return dense_device > dense_host
+    sparse_device, sparse_host = sparse_ms
     return dense_device - sparse_device > sparse_host
 
 
@@ -152,13 +158,16 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
         set_row_skipping(skipping)
 
 
-def _form_costs_ms(graph, x: Tensor, sparse: SparseInput, width: int, hops: int):
-    """``((device, host), (device, host))`` ms of one training step's use of the dense and the
-    sparse form (:func:`_form_steps`; :func:`fgplugin.autotune.device_and_host_ms`)."""
+def _worth_a_trial(graph, x: Tensor, sparse: SparseInput, width: int, hops: int) -> bool:
+    """:func:`may_win_eager` on one training step's use of each form (:func:`_form_steps`), timed
+    by :func:`fgplugin.autotune.device_and_host_ms`; the sparse form only where the dense form's
+    times leave it a chance (its first products build its kernel plans: 15-30 ms for both forms
+    on the real graphs, 3-5 of their eager steps)."""
     sparse_step, dense_step = _form_steps(graph, x, sparse, width, hops)
     skipping = set_row_skipping(False)  # its host sync would wait for the timer's sleep kernel
     try:
-        return autotune.device_and_host_ms(dense_step, x.device), autotune.device_and_host_ms(sparse_step, x.device)
+        dense_ms = autotune.device_and_host_ms(dense_step, x.device)
+        return may_win_eager(dense_ms) and may_win_eager(dense_ms, autotune.device_and_host_ms(sparse_step, x.device))
     finally:
         set_row_skipping(skipping)
 

@@ -311,6 +311,8 @@ def test_a_layer_on_trial_counts_every_training_call(fake_cuda_events, sparse_au
     ((0.05, 0.30), (0.10, 0.20), False),  # saves nothing
     ((0.60, 0.30), (0.10, 0.20), True),  # saves 0.50 for 0.20
     ((0.40, 0.10), (0.25, 0.20), False),  # saves 0.15 for 0.20
+    ((0.20, 0.30), None, False),  # can save at most 0.20, for at least 0.30
+    ((0.40, 0.30), None, True),
 ])
 def test_a_trial_only_where_the_sparse_form_may_win_an_eager_step(dense_ms, sparse_ms, trial):
     assert sparse_input.may_win_eager(dense_ms, sparse_ms) == trial
@@ -318,8 +320,9 @@ def test_a_trial_only_where_the_sparse_form_may_win_an_eager_step(dense_ms, spar
 
 def test_an_eager_cuda_fill_weighs_device_time_saved_against_host_time(sparse_auto, monkeypatch):
     """On an eager CUDA step the kept input is the dense form, without a trial, unless the sparse
-    form saves more device time than its own host time; then the two go on trial. (CPU: the
-    input stands in for a CUDA one, the forms' costs are given.)"""
+    form saves more device time than its own host time; then the two go on trial. The sparse form
+    is timed only where the dense form's times leave it a chance. (CPU: the input stands in for a
+    CUDA one, the forms' costs are given.)"""
     pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
     import fgplugin.pyg as fp
     n, features = 120, 400
@@ -329,32 +332,32 @@ def test_an_eager_cuda_fill_weighs_device_time_saved_against_host_time(sparse_au
     monkeypatch.setattr(sparse_input, "capturing", lambda t: False)
     monkeypatch.setattr(sparse_input, "_sparse_is_faster", lambda *args: pytest.fail("the CPU's probe asked"))
     dense = torch.full((n, features), 2.0)
-    for costs, kept in [(((0.1, 0.3), (0.05, 0.4)), torch.Tensor), (((1.0, 0.3), (0.2, 0.4)), FormTrial)]:
-        asked = []
-        monkeypatch.setattr(sparse_input, "_form_costs_ms", lambda *args, c=costs: asked.append(args[3:]) or c)
+    for costs, kept in [([(0.2, 0.3)], torch.Tensor), ([(1.0, 0.3), (0.8, 0.4)], torch.Tensor),
+                        ([(1.0, 0.3), (0.2, 0.4)], FormTrial)]:
+        given = list(costs)
+        monkeypatch.setattr(autotune, "device_and_host_ms", lambda run, device: given.pop(0))
         value = sparse_input.keep(graph, x, 8, 1, lambda: dense)
-        assert asked == [(8, 1)] and type(value) is kept
+        assert not given and type(value) is kept  # each cost asked for, and no more
         assert (value if kept is torch.Tensor else value.forms[0]) is dense
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times CUDA products: needs a CUDA device")
 def test_a_small_input_keeps_the_dense_form_without_a_trial(sparse_auto, monkeypatch):
     """A bag-of-words input whose GEMMs take a few microseconds: the sparse form's four products
-    save no device time, so an eager CUDA step keeps the dense form from the start; the costs
-    timed are real numbers."""
+    cannot save more device time than their host time, so an eager CUDA step keeps the dense form
+    from the start; the costs timed are real numbers."""
     pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
     import fgplugin.pyg as fp
     n, features, device = 300, 800, torch.device("cuda")
     x = bag_of_words(n, features, 0.005, 7).to(device)
     ei = torch.randint(0, n, (2, 1500), generator=torch.Generator().manual_seed(7)).to(device)
-    costs, timed = [], sparse_input._form_costs_ms
-    monkeypatch.setattr(sparse_input, "_form_costs_ms", lambda *args: costs.append(timed(*args)) or costs[-1])
+    costs, timed = [], autotune.device_and_host_ms
+    monkeypatch.setattr(autotune, "device_and_host_ms", lambda *args: costs.append(timed(*args)) or costs[-1])
     layer = fp.GCNConv(features, 16).to(device)
     for _ in range(3):
         layer(x, ei).sum().backward()
-    (dense_ms, sparse_ms), = costs
-    assert all(0 < ms < 100 for ms in (*dense_ms, *sparse_ms)), costs
-    assert not sparse_input.may_win_eager(dense_ms, sparse_ms), costs
+    assert 1 <= len(costs) <= 2 and all(0 < ms < 100 for c in costs for ms in c), costs
+    assert not sparse_input.may_win_eager(*costs), costs
     cache = input_cache.of(layer)
     assert isinstance(cache.value, torch.Tensor) and not cache.on_trial
 
