@@ -256,13 +256,14 @@ def _batch_cost_ms(run, n: int, device: torch.device) -> float:
         for _ in range(n):
             run()
         return (time.perf_counter() - start) * 1e3 / n
-    torch.cuda.synchronize(device)
-    queued = time.perf_counter()
-    run()
-    host_s = time.perf_counter() - queued
-    torch.cuda.synchronize(device)
-    _hold_device(2.0 * n * host_s)
-    device_ms = time_runs(run, n)
+    with torch.cuda.device(device):  # the events and the sleep on the run's device, not the current one
+        torch.cuda.synchronize(device)
+        queued = time.perf_counter()
+        run()
+        host_s = time.perf_counter() - queued
+        torch.cuda.synchronize(device)
+        _hold_device(2.0 * n * host_s)
+        device_ms = time_runs(run, n)
     return device_ms if _captured.get() else max(device_ms, host_s * 1e3)
 
 
@@ -274,21 +275,22 @@ def _hold_device(seconds: float) -> None:
         sleep(int(min(seconds, 0.5) * SLEEP_CYCLES_PER_S))
 
 
-def device_and_host_ms(run, device: torch.device) -> tuple[float, float]:
+def device_and_host_ms(run, device: torch.device, samples: int = COST_SAMPLES) -> tuple[float, float]:
     """``run``'s device time and the host's time to make its calls, in ms per run (CUDA; medians
-    over ``COST_SAMPLES`` batches of >= ~0.25 ms, after an untimed run): the device held while the
-    host queues each batch, so that the device time has no launch gaps and the host time no
-    waits. An eager step pays the host time where the host is its bottleneck and the device time
-    where the device is."""
-    run()
-    torch.cuda.synchronize(device)
-    queued = time.perf_counter()
-    run()
-    host_s = time.perf_counter() - queued
-    batch = batch_for(max(time_runs(run, 1), host_s * 1e3))
-    samples = []
-    for _ in range(COST_SAMPLES):
+    over ``samples`` batches of >= ~0.25 ms, after an untimed run): the device held while the host
+    queues each batch, so that the device time has no launch gaps and the host time no waits (a
+    torch without ``torch.cuda._sleep`` counts the gaps as device time). An eager step pays the
+    host time where the host is its bottleneck and the device time where the device is."""
+    with torch.cuda.device(device):  # the events and the sleep on the run's device, not the current one
+        run()
         torch.cuda.synchronize(device)
-        _hold_device(2.0 * batch * host_s)
-        samples.append(_device_and_host_ms(run, batch))
-    return statistics.median(d for d, _ in samples), statistics.median(h for _, h in samples)
+        queued = time.perf_counter()
+        run()
+        host_s = time.perf_counter() - queued
+        batch = batch_for(max(time_runs(run, 1), host_s * 1e3))
+        timed = []
+        for _ in range(samples):
+            torch.cuda.synchronize(device)
+            _hold_device(2.0 * batch * host_s)
+            timed.append(_device_and_host_ms(run, batch))
+    return statistics.median(d for d, _ in timed), statistics.median(h for _, h in timed)

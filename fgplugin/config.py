@@ -35,8 +35,8 @@ VARIABLES = (
              "`0`: layers never keep the aggregation of a constant input (`fgplugin.set_input_cache`)"),
     Variable("FGPLUGIN_SPARSE_INPUT", "auto",
              "`0`: a layer's constant input is never kept as a sparse matrix; `1`: always where it applies; "
-             "`auto`: where it is faster, timed on the first training steps (eager CUDA) or by a probe "
-             "(`fgplugin.set_sparse_input`)"),
+             "`auto`: where it is faster, timed by a probe, and in eager CUDA steps, where the probe leaves the "
+             "sparse form a chance, on the first training steps (`fgplugin.set_sparse_input`)"),
     Variable("FGPLUGIN_CUSPARSE", "auto",
              "`0`: products always run on fgplugin's kernels; `1`: on `torch.sparse.mm` wherever that applies; "
              "`auto`: at the widths where a timed probe finds cuSPARSE faster (`fgplugin.set_cusparse`)"),
@@ -103,8 +103,9 @@ def set_input_cache(enabled: bool) -> bool:
 
 def set_sparse_input(mode) -> str:
     """Whether a layer's constant, mostly-zero input may be kept as a sparse matrix
-    (fgplugin.sparse_input): ``"auto"`` (where it is faster: on an eager CUDA step timed on the
-    first training steps, fgplugin.form_trial; else by a timed probe), ``"0"`` / ``False``
+    (fgplugin.sparse_input): ``"auto"`` (where it is faster: by a timed probe, and on an eager
+    CUDA step, where the probe leaves the sparse form a chance, on the first training steps,
+    fgplugin.form_trial), ``"0"`` / ``False``
     (never) or ``"1"`` / ``True`` (wherever it applies); returns the previous mode. Inputs the
     layers already keep stay as they are until their cache is refilled."""
     return _set_mode("sparse_input", mode, "set_sparse_input")

@@ -21,13 +21,14 @@ the choice is timed, once, when the cache is filled (:func:`keep`): for a captur
 CPU, both ways' forward and backward products on the actual shapes. An eager CUDA step, whose
 host queues kernels while the device runs earlier ones, keeps the dense form unless the sparse
 one saves more device time than its own host time (:func:`may_win_eager`), and where it does,
-times the two forms on the user's own training steps (fgplugin.form_trial). Only float32 inputs are candidates: float64 runs are reference runs,
-and 16-bit inputs would be widened to float32 values. ``FGPLUGIN_SPARSE_INPUT`` /
-:func:`fgplugin.set_sparse_input` turn the choice off (``"0"``) or force the sparse form wherever it
-applies (``"1"``, for tests).
+times the two forms on the user's own training steps (fgplugin.form_trial). Only float32 inputs
+are candidates: float64 runs are reference runs, and 16-bit inputs would be widened to float32
+values. ``FGPLUGIN_SPARSE_INPUT`` / :func:`fgplugin.set_sparse_input` turn the choice off
+(``"0"``) or force the sparse form wherever it applies (``"1"``, for tests).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -43,6 +44,9 @@ from .tiling import TiledAdjacency
 # Inputs whose sparse work (nnz(x) + K nnz(A)) exceeds this share of n F are never timed: gathers
 # cost several times a GEMM's multiply-add, so the sparse form cannot win there.
 MAX_SPARSE_SHARE = 0.1
+# Batches timed per form for the eager rule (may_win_eager): its forms' host times moved by up to
+# 0.26 ms between two processes on one graph (cornell5, 0.455 and 0.715 ms), so a median of 3 is thin.
+EAGER_SAMPLES = 7
 
 
 class SparseInput:
@@ -90,34 +94,35 @@ def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor]):
         return dense()
     if settings.sparse_input == "1":
         return sparse
-    eager_cuda = x.is_cuda and not autotune.in_captured_step()
+    eager = x.is_cuda and not autotune.in_captured_step()
     try:
-        if eager_cuda:
-            return FormTrial(dense(), sparse, x.device) if _worth_a_trial(graph, x, sparse, width, hops) else dense()
-        faster = _sparse_is_faster(graph, x, sparse, width, hops)
-    except torch.cuda.OutOfMemoryError:  # probing the sparse form: the dense one needs no more
+        sparse_wins = (_worth_a_trial if eager else _sparse_is_faster)(graph, x, sparse, width, hops)
+    except torch.cuda.OutOfMemoryError:  # timing the forms: keeping the dense one needs no more
         torch.cuda.empty_cache()
-        faster = False
-    return sparse if faster else dense()
+        sparse_wins = False
+    if not sparse_wins:
+        return dense()
+    return FormTrial(dense(), sparse, x.device) if eager else sparse
 
 
 def may_win_eager(dense_ms: tuple[float, float], sparse_ms: tuple[float, float] | None = None) -> bool:
     """Whether the sparse form may make an eager step faster, given each form's ``(device, host)``
-    ms per step (:func:`_worth_a_trial`): only if the device time it saves exceeds its own host
-    time. A step bound by its host pays the sparse form's host work, which in a layer is more than
-    its products' extra launches (the dense form's product runs from the layer's kept call, the
-    sparse form's from its full path); one bound by its device gains at most the device time
-    saved, little against such a step where it is less than that host time. Without
-    ``sparse_ms`` (not timed yet): whether the dense form's device time exceeds its host time, as
-    it must for the sparse form to save more than its own host time, which is at least the dense
-    form's (2 + 2K sparse products against two GEMMs).
+    ms per training step (:func:`_worth_a_trial`): only if the device time it saves exceeds its
+    own host time. A step bound by its host pays the sparse form's host work, which in a layer is
+    more than its products' extra launches (the dense form's product runs from the layer's kept
+    call, the sparse form's from its full path); one bound by its device gains at most the device
+    time saved, little against such a step where it is less than that host time. Without
+    ``sparse_ms`` (not timed yet): whether the dense form's device time exceeds its host time, a
+    shortcut: the sparse form makes more calls (2 + 2K sparse products against two GEMMs), and its
+    host time read 0.92-2.0x the dense form's on the graphs below.
 
     H100, 12 graphs with bag-of-words features (docs/results.md section 29): the sparse form saved
-    0.003-0.12 ms of device time on 8 of them for 0.31-0.83 ms of host time, and their eager steps
-    ran 0.09-0.53 ms slower on it; on two it saved 0.78-0.90 ms for 0.48-0.49, and their eager
-    steps were within 7% either way, which only a trial on those steps tells apart. The difference
-    of the two forms' host times, the obvious bound, read -0.03 to 0.42 ms on the same graphs,
-    noise against the steps' 0.09-0.53."""
+    0.003-0.12 ms of device time on 8 of them and 0.46 on cornell5, less than its 0.31-0.83 ms of
+    host time, and in another lease's eager steps those 9 ran 0.085-0.53 ms slower on it; on
+    coauthor_cs and facebook_pagepage it saved 0.78-0.90 ms for 0.48-0.49, and their eager steps
+    were within 7% either way, which only a trial on those steps tells apart. The difference of
+    the two forms' host times, the obvious bound, read -0.03 to 0.42 ms on the same graphs, noise
+    against the steps' 0.085-0.53."""
     dense_device, dense_host = dense_ms
     if sparse_ms is None:
         return dense_device > dense_host
@@ -148,28 +153,35 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
     """Times one training step's use of each form (:func:`_form_steps`) by
     :func:`fgplugin.autotune.cost_ms`: on the CPU and for a captured step."""
     sparse_step, dense_step = _form_steps(graph, x, sparse, width, hops)
-    skipping = set_row_skipping(False)  # its host sync would wait for the timer's sleep kernel
-    try:
+    with _row_skipping_off():
         sparse_ms = autotune.cost_ms(sparse_step, x.device, warm_up=True)
         # warmed up too: a first GEMM of a shape loads its kernels (CUDA's lazy loading), which
         # made one dense step look slower than the whole sparse one and ended the timing there
         return sparse_ms < autotune.cost_ms(dense_step, x.device, warm_up=True, stop_above=sparse_ms)
-    finally:
-        set_row_skipping(skipping)
 
 
 def _worth_a_trial(graph, x: Tensor, sparse: SparseInput, width: int, hops: int) -> bool:
     """:func:`may_win_eager` on one training step's use of each form (:func:`_form_steps`), timed
-    by :func:`fgplugin.autotune.device_and_host_ms`; the sparse form only where the dense form's
-    times leave it a chance (its first products build its kernel plans: 15-30 ms for both forms
-    on the real graphs, 3-5 of their eager steps)."""
+    by :func:`fgplugin.autotune.device_and_host_ms` over ``EAGER_SAMPLES`` batches; the sparse
+    form only where the dense form's times leave it a chance. H100: 3-7 ms for the dense form
+    alone, 22-50 ms with the sparse form, whose first products build its kernel plans (which a
+    trial's first sparse steps would otherwise build)."""
     sparse_step, dense_step = _form_steps(graph, x, sparse, width, hops)
-    skipping = set_row_skipping(False)  # its host sync would wait for the timer's sleep kernel
+    with _row_skipping_off():
+        dense_ms = autotune.device_and_host_ms(dense_step, x.device, EAGER_SAMPLES)
+        return may_win_eager(dense_ms) and may_win_eager(
+            dense_ms, autotune.device_and_host_ms(sparse_step, x.device, EAGER_SAMPLES))
+
+
+@contextmanager
+def _row_skipping_off():
+    """The zero-row skipping off while the forms are timed: its host sync would wait for the
+    timer's sleep kernel."""
+    previous = set_row_skipping(False)
     try:
-        dense_ms = autotune.device_and_host_ms(dense_step, x.device)
-        return may_win_eager(dense_ms) and may_win_eager(dense_ms, autotune.device_and_host_ms(sparse_step, x.device))
+        yield
     finally:
-        set_row_skipping(skipping)
+        set_row_skipping(previous)
 
 
 def _form_steps(graph, x: Tensor, sparse: SparseInput, width: int, hops: int):

@@ -1,6 +1,8 @@
 """fgplugin.form_trial: an eager CUDA step keeps the form of a layer's constant input (dense A x or
 sparse x) whose training steps ran faster, timed on those steps; the input cache keeps eager and
 captured-step forms apart."""
+import contextlib
+
 import pytest
 import torch
 
@@ -318,11 +320,10 @@ def test_a_trial_only_where_the_sparse_form_may_win_an_eager_step(dense_ms, spar
     assert sparse_input.may_win_eager(dense_ms, sparse_ms) == trial
 
 
-def test_an_eager_cuda_fill_weighs_device_time_saved_against_host_time(sparse_auto, monkeypatch):
-    """On an eager CUDA step the kept input is the dense form, without a trial, unless the sparse
-    form saves more device time than its own host time; then the two go on trial. The sparse form
-    is timed only where the dense form's times leave it a chance. (CPU: the input stands in for a
-    CUDA one, the forms' costs are given.)"""
+@pytest.fixture
+def eager_cuda_input(sparse_auto, monkeypatch):
+    """``(graph, x)``: a bag-of-words input that the eager rule takes for a CUDA one (CPU), with the
+    CPU's probe refused."""
     pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
     import fgplugin.pyg as fp
     n, features = 120, 400
@@ -331,14 +332,67 @@ def test_an_eager_cuda_fill_weighs_device_time_saved_against_host_time(sparse_au
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: t is x or t.device.type == "cuda"))
     monkeypatch.setattr(sparse_input, "capturing", lambda t: False)
     monkeypatch.setattr(sparse_input, "_sparse_is_faster", lambda *args: pytest.fail("the CPU's probe asked"))
-    dense = torch.full((n, features), 2.0)
-    for costs, kept in [([(0.2, 0.3)], torch.Tensor), ([(1.0, 0.3), (0.8, 0.4)], torch.Tensor),
-                        ([(1.0, 0.3), (0.2, 0.4)], FormTrial)]:
-        given = list(costs)
-        monkeypatch.setattr(autotune, "device_and_host_ms", lambda run, device: given.pop(0))
-        value = sparse_input.keep(graph, x, 8, 1, lambda: dense)
-        assert not given and type(value) is kept  # each cost asked for, and no more
-        assert (value if kept is torch.Tensor else value.forms[0]) is dense
+    return graph, x
+
+
+def test_an_eager_cuda_fill_weighs_device_time_saved_against_host_time(eager_cuda_input, monkeypatch):
+    """On an eager CUDA step the kept input is the dense form, without a trial, unless the sparse
+    form saves more device time than its own host time; then the two go on trial. The sparse form
+    is timed only where the dense form's times leave it a chance, and the zero-row skipping is off
+    while the forms are timed."""
+    graph, x = eager_cuda_input
+    dense = torch.full(x.shape, 2.0)
+    skipping = fgplugin.set_row_skipping(True)
+    try:
+        for costs, kept in [([(0.2, 0.3)], torch.Tensor), ([(1.0, 0.3), (0.8, 0.4)], torch.Tensor),
+                            ([(1.0, 0.3), (0.2, 0.4)], FormTrial)]:
+            given, skipping_seen = list(costs), []
+
+            def timed(run, device, samples):
+                skipping_seen.append(fgplugin.config.settings.skip_zero_rows)
+                return given.pop(0)
+            monkeypatch.setattr(autotune, "device_and_host_ms", timed)
+            value = sparse_input.keep(graph, x, 8, 1, lambda: dense)
+            assert not given and type(value) is kept  # each cost asked for, and no more
+            assert (value if kept is torch.Tensor else value.forms[0]) is dense
+            assert not any(skipping_seen) and fgplugin.config.settings.skip_zero_rows
+    finally:
+        fgplugin.set_row_skipping(skipping)
+
+
+def test_running_out_of_memory_while_timing_the_forms_keeps_the_dense_form(eager_cuda_input, monkeypatch):
+    graph, x = eager_cuda_input
+    calls = []
+
+    def out_of_memory(run, device, samples):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+    monkeypatch.setattr(autotune, "device_and_host_ms", out_of_memory)
+    skipping = fgplugin.set_row_skipping(True)
+    try:
+        value = sparse_input.keep(graph, x, 8, 1, lambda: calls.append(1) or torch.ones(x.shape))
+        assert isinstance(value, torch.Tensor) and calls == [1] and fgplugin.config.settings.skip_zero_rows
+    finally:
+        fgplugin.set_row_skipping(skipping)
+
+
+def test_device_and_host_time_are_read_apart(fake_cuda_events, monkeypatch):
+    """``autotune.device_and_host_ms``: ``(device ms, host ms)`` per run, medians over the samples,
+    on a run taking 0.4 ms of device time and 0.1 ms of host time (both clocks faked)."""
+    host_clock = [0.0]
+    monkeypatch.setattr(autotune.time, "perf_counter", lambda: host_clock[0])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    runs = []
+
+    def run():
+        runs.append(1)
+        tick(0.4)
+        host_clock[0] += 1e-4
+
+    device_ms, host_ms = autotune.device_and_host_ms(run, torch.device("cuda"), samples=5)
+    assert device_ms == pytest.approx(0.4) and host_ms == pytest.approx(0.1)
+    assert len(runs) == 3 + 5 * autotune.batch_for(0.4)  # untimed, host-timed, sizing, then the batches
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times CUDA products: needs a CUDA device")
