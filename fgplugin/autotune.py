@@ -275,9 +275,9 @@ def _hold_device(seconds: float) -> None:
         sleep(int(min(seconds, 0.5) * SLEEP_CYCLES_PER_S))
 
 
-def device_and_host_ms(run, device: torch.device, samples: int = COST_SAMPLES) -> tuple[float, float]:
+def device_and_host_ms(run, device: torch.device) -> tuple[float, float]:
     """``run``'s device time and the host's time to make its calls, in ms per run (CUDA; medians
-    over ``samples`` batches of >= ~0.25 ms, after an untimed run): the device held while the host
+    over ``COST_SAMPLES`` batches of >= ~0.25 ms, after an untimed run): the device held while the host
     queues each batch, so that the device time has no launch gaps and the host time no waits (a
     torch without ``torch.cuda._sleep`` counts the gaps as device time). An eager step pays the
     host time where the host is its bottleneck and the device time where the device is."""
@@ -289,7 +289,7 @@ def device_and_host_ms(run, device: torch.device, samples: int = COST_SAMPLES) -
         host_s = time.perf_counter() - queued
         batch = batch_for(max(time_runs(run, 1), host_s * 1e3))
         timed = []
-        for _ in range(samples):
+        for _ in range(COST_SAMPLES):
             torch.cuda.synchronize(device)
             _hold_device(2.0 * batch * host_s)
             timed.append(_device_and_host_ms(run, batch))

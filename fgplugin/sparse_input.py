@@ -44,9 +44,6 @@ from .tiling import TiledAdjacency
 # Inputs whose sparse work (nnz(x) + K nnz(A)) exceeds this share of n F are never timed: gathers
 # cost several times a GEMM's multiply-add, so the sparse form cannot win there.
 MAX_SPARSE_SHARE = 0.1
-# Batches timed per form for the eager rule (may_win_eager): its forms' host times moved by up to
-# 0.26 ms between two processes on one graph (cornell5, 0.455 and 0.715 ms), so a median of 3 is thin.
-EAGER_SAMPLES = 7
 
 
 class SparseInput:
@@ -162,15 +159,16 @@ def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: i
 
 def _worth_a_trial(graph, x: Tensor, sparse: SparseInput, width: int, hops: int) -> bool:
     """:func:`may_win_eager` on one training step's use of each form (:func:`_form_steps`), timed
-    by :func:`fgplugin.autotune.device_and_host_ms` over ``EAGER_SAMPLES`` batches; the sparse
-    form only where the dense form's times leave it a chance. H100: 3-7 ms for the dense form
-    alone, 22-50 ms with the sparse form, whose first products build its kernel plans (which a
-    trial's first sparse steps would otherwise build)."""
+    by :func:`fgplugin.autotune.device_and_host_ms`; the sparse form only where the dense form's
+    times leave it a chance. H100: 3-7 ms for the dense form alone, 22-50 ms with the sparse form,
+    whose first products build its kernel plans (which a trial's first sparse steps would
+    otherwise build). Seven timed batches instead of three doubled that and changed no decision
+    on 11 graphs; where one flips between runs (cornell5: 0.46 ms saved against 0.45-0.72 ms of
+    sparse host time), the two forms' eager steps are within 4%."""
     sparse_step, dense_step = _form_steps(graph, x, sparse, width, hops)
     with _row_skipping_off():
-        dense_ms = autotune.device_and_host_ms(dense_step, x.device, EAGER_SAMPLES)
-        return may_win_eager(dense_ms) and may_win_eager(
-            dense_ms, autotune.device_and_host_ms(sparse_step, x.device, EAGER_SAMPLES))
+        dense_ms = autotune.device_and_host_ms(dense_step, x.device)
+        return may_win_eager(dense_ms) and may_win_eager(dense_ms, autotune.device_and_host_ms(sparse_step, x.device))
 
 
 @contextmanager

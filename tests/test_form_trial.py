@@ -348,7 +348,7 @@ def test_an_eager_cuda_fill_weighs_device_time_saved_against_host_time(eager_cud
                             ([(1.0, 0.3), (0.2, 0.4)], FormTrial)]:
             given, skipping_seen = list(costs), []
 
-            def timed(run, device, samples):
+            def timed(run, device):
                 skipping_seen.append(fgplugin.config.settings.skip_zero_rows)
                 return given.pop(0)
             monkeypatch.setattr(autotune, "device_and_host_ms", timed)
@@ -364,7 +364,7 @@ def test_running_out_of_memory_while_timing_the_forms_keeps_the_dense_form(eager
     graph, x = eager_cuda_input
     calls = []
 
-    def out_of_memory(run, device, samples):
+    def out_of_memory(run, device):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
     monkeypatch.setattr(autotune, "device_and_host_ms", out_of_memory)
     skipping = fgplugin.set_row_skipping(True)
@@ -390,9 +390,9 @@ def test_device_and_host_time_are_read_apart(fake_cuda_events, monkeypatch):
         tick(0.4)
         host_clock[0] += 1e-4
 
-    device_ms, host_ms = autotune.device_and_host_ms(run, torch.device("cuda"), samples=5)
+    device_ms, host_ms = autotune.device_and_host_ms(run, torch.device("cuda"))
     assert device_ms == pytest.approx(0.4) and host_ms == pytest.approx(0.1)
-    assert len(runs) == 3 + 5 * autotune.batch_for(0.4)  # untimed, host-timed, sizing, then the batches
+    assert len(runs) == 3 + autotune.COST_SAMPLES * autotune.batch_for(0.4)  # untimed, host-timed, sizing, then the batches
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times CUDA products: needs a CUDA device")
