@@ -277,10 +277,10 @@ def _hold_device(seconds: float) -> None:
 
 def device_and_host_ms(run, device: torch.device) -> tuple[float, float]:
     """``run``'s device time and the host's time to make its calls, in ms per run (CUDA; medians
-    over ``COST_SAMPLES`` batches of >= ~0.25 ms, after an untimed run): the device held while the host
-    queues each batch, so that the device time has no launch gaps and the host time no waits (a
-    torch without ``torch.cuda._sleep`` counts the gaps as device time). An eager step pays the
-    host time where the host is its bottleneck and the device time where the device is."""
+    over ``COST_SAMPLES`` batches of >= ~0.25 ms, after an untimed run): the device held while
+    the host queues each batch, so that the device time has no launch gaps and the host time no
+    waits (a torch without ``torch.cuda._sleep`` counts the gaps as device time). An eager step
+    pays the host time where the host is its bottleneck and the device time where the device is."""
     with torch.cuda.device(device):  # the events and the sleep on the run's device, not the current one
         run()
         torch.cuda.synchronize(device)

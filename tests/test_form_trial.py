@@ -361,6 +361,8 @@ def test_an_eager_cuda_fill_weighs_device_time_saved_against_host_time(eager_cud
 
 
 def test_running_out_of_memory_while_timing_the_forms_keeps_the_dense_form(eager_cuda_input, monkeypatch):
+    """Out of GPU memory while the forms are timed: the dense form, built once, with the zero-row
+    skipping restored."""
     graph, x = eager_cuda_input
     calls = []
 
@@ -392,7 +394,8 @@ def test_device_and_host_time_are_read_apart(fake_cuda_events, monkeypatch):
 
     device_ms, host_ms = autotune.device_and_host_ms(run, torch.device("cuda"))
     assert device_ms == pytest.approx(0.4) and host_ms == pytest.approx(0.1)
-    assert len(runs) == 3 + autotune.COST_SAMPLES * autotune.batch_for(0.4)  # untimed, host-timed, sizing, then the batches
+    # untimed, host-timed, sizing, then the batches
+    assert len(runs) == 3 + autotune.COST_SAMPLES * autotune.batch_for(0.4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times CUDA products: needs a CUDA device")
