@@ -31,7 +31,7 @@ from ._csr import rows_of_edges
 # threshold on products-like at fp32 (H100: 9.79 ms against 10.1 ms at 0.15).
 CANDIDATES = (0.02, 0.03, 0.05, 0.075, 0.10, 0.15, 1.0)
 MIN_DENSE_SHARE = 0.05
-COST_SAMPLES = 3  # batches timed by cost_ms
+COST_SAMPLES = 3  # batches timed by cost_ms and device_and_host_ms
 SLEEP_CYCLES_PER_S = 2e9  # above any GPU's clock: the sleep lasts at least as long as asked
 WARM_UP_MS = 0.25  # a plan whose first run took less runs ~0.5 ms more before it is timed (probe_thresholds)
 STOP_MARGIN = 0.03  # a plan this much slower than the best ends the probe's walk (search_groups)

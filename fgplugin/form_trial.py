@@ -15,9 +15,10 @@ So where the sparse form may make an eager CUDA step faster (not a captured one,
 timed by device time alone; fgplugin.sparse_input.may_win_eager), the layer alternates the two
 over its first training steps (21-53, in blocks: :class:`FormTrial` says why) and keeps the one
 whose steps were faster; one trial runs at a time on a device (layers that read the same input
-would time each other's forms), the others wait on their first form. A step's time is read from CUDA events recorded at the layer's training calls:
-the device time between two of them is the step's time whether the step is bound by the host (the
-device waits for launches between the events) or by the device. Calls without autograd
+would time each other's forms), the others wait on their first form. A step's time is read from
+CUDA events recorded at the layer's training calls: the device time between two of them is the
+step's time whether the step is bound by the host (the device waits for launches between the
+events) or by the device. Calls without autograd
 (evaluation) are not counted, and a pair of steps of which only one had such calls is left out
 (evaluation every few epochs would otherwise fall on one form's steps); a layer called only so
 (inference) keeps the first form after a while. A CUDA graph captured meanwhile ends the trial

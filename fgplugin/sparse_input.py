@@ -85,7 +85,9 @@ def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor]):
     multiplies it by a ``[F, width]`` weight keeps of its constant input: ``dense()`` (``A^K x``),
     ``x`` as a :class:`SparseInput` where its products are faster, or, where the sparse form may
     make an eager CUDA step faster, a :class:`fgplugin.form_trial.FormTrial` that times both on
-    the training steps (the input cache keeps the faster)."""
+    the training steps (the input cache keeps the faster). Running out of GPU memory while the
+    forms are timed keeps the dense form; in ``dense()`` itself it is the caller's, as without
+    the sparse form."""
     sparse = _candidate(graph, x, hops)
     if sparse is None:
         return dense()
@@ -111,13 +113,14 @@ def may_win_eager(dense_ms: tuple[float, float], sparse_ms: tuple[float, float] 
     time saved, little against such a step where it is less than that host time. Without
     ``sparse_ms`` (not timed yet): whether the dense form's device time exceeds its host time, a
     shortcut: the sparse form makes more calls (2 + 2K sparse products against two GEMMs), and its
-    host time read 0.92-2.0x the dense form's on the graphs below.
+    host time read 0.92-2.4x the dense form's on the graphs below.
 
-    H100, 12 graphs with bag-of-words features (docs/results.md section 29): the sparse form saved
-    0.003-0.12 ms of device time on 8 of them and 0.46 on cornell5, less than its 0.31-0.83 ms of
-    host time, and in another lease's eager steps those 9 ran 0.085-0.53 ms slower on it; on
-    coauthor_cs and facebook_pagepage it saved 0.78-0.90 ms for 0.48-0.49, and their eager steps
-    were within 7% either way, which only a trial on those steps tells apart. The difference of
+    H100, the 11 graphs whose bag-of-words input may be kept sparse (docs/results.md section 29):
+    the sparse form saved 0.003-0.12 ms of device time on 8 of them and 0.46 on cornell5, less
+    than its 0.31-0.83 ms of host time, and in another lease's eager steps those 9 ran
+    0.085-0.53 ms slower on it; on coauthor_cs and facebook_pagepage it saved 0.78-0.90 ms for
+    0.48-0.49, and their eager steps were within 8% either way, which only a trial on those steps
+    tells apart. The difference of
     the two forms' host times, the obvious bound, read -0.03 to 0.42 ms on the same graphs, noise
     against the steps' 0.085-0.53."""
     dense_device, dense_host = dense_ms
@@ -162,8 +165,8 @@ def _worth_a_trial(graph, x: Tensor, sparse: SparseInput, width: int, hops: int)
     by :func:`fgplugin.autotune.device_and_host_ms`; the sparse form only where the dense form's
     times leave it a chance. H100: 3-7 ms for the dense form alone, 22-50 ms with the sparse form,
     whose first products build its kernel plans (which a trial's first sparse steps would
-    otherwise build). Seven timed batches instead of three doubled that and changed no decision
-    on 11 graphs; where one flips between runs (cornell5: 0.46 ms saved against 0.45-0.72 ms of
+    otherwise build). Seven timed batches instead of three took 2x (dense form alone) and 1.5x as
+    long and changed no decision on 11 graphs; where one flips between runs (cornell5: 0.46 ms saved against 0.45-0.72 ms of
     sparse host time), the two forms' eager steps are within 4%."""
     sparse_step, dense_step = _form_steps(graph, x, sparse, width, hops)
     with _row_skipping_off():

@@ -377,25 +377,56 @@ def test_running_out_of_memory_while_timing_the_forms_keeps_the_dense_form(eager
         fgplugin.set_row_skipping(skipping)
 
 
+def test_running_out_of_memory_in_the_dense_form_is_the_callers(eager_cuda_input, monkeypatch):
+    """Where a trial is worth it and building ``dense()`` runs out of memory, the error reaches the
+    caller (as it does without a sparse form), after one attempt."""
+    graph, x = eager_cuda_input
+    calls = []
+
+    def dense():
+        calls.append(1)
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+    monkeypatch.setattr(sparse_input, "_worth_a_trial", lambda *args: True)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        sparse_input.keep(graph, x, 8, 1, dense)
+    assert calls == [1]
+
+
 def test_device_and_host_time_are_read_apart(fake_cuda_events, monkeypatch):
     """``autotune.device_and_host_ms``: ``(device ms, host ms)`` per run, medians over the samples,
-    on a run taking 0.4 ms of device time and 0.1 ms of host time (both clocks faked)."""
-    host_clock = [0.0]
+    on a run taking 0.4 ms of device time and 0.1 ms of host time (both clocks faked); it and
+    ``cost_ms`` time the run on the device they are given, which need not be the current one."""
+    host_clock, current, entered, outside = [0.0], [None], [], []
+
+    @contextlib.contextmanager
+    def on_device(device):  # torch.cuda.device: what runs inside is on `device`
+        entered.append(device)
+        current[0] = device
+        yield
+        current[0] = None
+
+    def note_where(*args, **kwargs):
+        if current[0] != on:
+            outside.append(args)
     monkeypatch.setattr(autotune.time, "perf_counter", lambda: host_clock[0])
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", note_where)
+    monkeypatch.setattr(torch.cuda, "device", on_device)
+    monkeypatch.setattr(torch.cuda, "_sleep", note_where, raising=False)
     runs = []
 
     def run():
+        note_where()
         runs.append(1)
         tick(0.4)
         host_clock[0] += 1e-4
 
-    device_ms, host_ms = autotune.device_and_host_ms(run, torch.device("cuda"))
+    on = torch.device("cuda", 1)  # not the current device: the timing must move to it
+    device_ms, host_ms = autotune.device_and_host_ms(run, on)
     assert device_ms == pytest.approx(0.4) and host_ms == pytest.approx(0.1)
     # untimed, host-timed, sizing, then the batches
     assert len(runs) == 3 + autotune.COST_SAMPLES * autotune.batch_for(0.4)
+    assert autotune.cost_ms(run, on, warm_up=False) == pytest.approx(0.4)  # eager: the larger of the two
+    assert entered and set(entered) == {on} and not outside
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times CUDA products: needs a CUDA device")
