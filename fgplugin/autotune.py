@@ -257,14 +257,19 @@ def _batch_cost_ms(run, n: int, device: torch.device) -> float:
             run()
         return (time.perf_counter() - start) * 1e3 / n
     with torch.cuda.device(device):  # the events and the sleep on the run's device, not the current one
-        torch.cuda.synchronize(device)
-        queued = time.perf_counter()
-        run()
-        host_s = time.perf_counter() - queued
+        host_s = _host_s(run, device)
         torch.cuda.synchronize(device)
         _hold_device(2.0 * n * host_s)
         device_ms = time_runs(run, n)
     return device_ms if _captured.get() else max(device_ms, host_s * 1e3)
+
+
+def _host_s(run, device: torch.device) -> float:
+    """Seconds the host takes to make one run's calls, the device idle when it starts."""
+    torch.cuda.synchronize(device)
+    queued = time.perf_counter()
+    run()
+    return time.perf_counter() - queued
 
 
 def _hold_device(seconds: float) -> None:
@@ -283,10 +288,7 @@ def device_and_host_ms(run, device: torch.device) -> tuple[float, float]:
     pays the host time where the host is its bottleneck and the device time where the device is."""
     with torch.cuda.device(device):  # the events and the sleep on the run's device, not the current one
         run()
-        torch.cuda.synchronize(device)
-        queued = time.perf_counter()
-        run()
-        host_s = time.perf_counter() - queued
+        host_s = _host_s(run, device)
         batch = batch_for(max(time_runs(run, 1), host_s * 1e3))
         timed = []
         for _ in range(COST_SAMPLES):

@@ -20,8 +20,9 @@ When a layer uses it (all must hold, else the layer runs as without it, at no ex
 
 Switch it off with ``FGPLUGIN_INPUT_CACHE=0`` or :func:`fgplugin.set_input_cache`. A layer holds
 at most one kept input (two forms of it while fgplugin.form_trial times them); a call with another
-input drops it, so does freeing ``x``, and a layer that is copied or pickled starts empty. Changes that PyTorch does not count in ``_version`` (writes
-through ``x.data`` or through a NumPy view) are not seen: after such a write, call
+input drops it, so does freeing ``x``, and a layer that is copied or pickled starts empty. Changes
+that PyTorch does not count in ``_version`` (writes through ``x.data`` or through a NumPy view)
+are not seen: after such a write, call
 :meth:`InputCache.clear` on the layer's cache (``fgplugin.input_cache.of(layer)``) or switch the
 cache off.
 """
