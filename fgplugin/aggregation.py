@@ -109,7 +109,7 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
         return out if bias is None else out + bias
     kept = _kept(graph, x, hops, owner, settings, node_dim, weight)
     if isinstance(kept, sparse_input.SparseInput):
-        return _aggregate_transformed(graph, kept, weight, bias, hops, 0)
+        return _aggregate_transformed(graph, kept, weight, bias, hops, 0, owner, layer_calls.KEPT_SPARSE_INPUT)
     if kept is not None:
         if weight is not None and isinstance(graph, Aggregation):
             layer_calls.decided(owner, layer_calls.KEPT_INPUT, graph.adj, graph.norm)
@@ -126,12 +126,17 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     (``x W^T``). ``None`` where the decision no longer applies (the graph was freed, the input
     cache let go of ``x``'s aggregation, the product's kept call was let go of): then call
     :func:`aggregate`."""
-    if decision.kind == layer_calls.KEPT_INPUT:
+    if decision.kind != layer_calls.TRANSFORMED:  # a kept input, in the form it was kept in then
         cache = input_cache.of(owner)
+        if cache.on_trial:  # a form on trial is timed by the cache's own call (get), on the full way
+            return None
         kept = cache.kept_for(x)
-        # a form on trial is timed by the cache's own call (get), on the full way
-        return transform_with_bias(kept, weight.t(), bias) if isinstance(kept, Tensor) and not cache.on_trial \
-            else None
+        if decision.kind == layer_calls.KEPT_INPUT:
+            return transform_with_bias(kept, weight.t(), bias) if isinstance(kept, Tensor) else None
+        parts = decision.aggregation_parts()
+        if parts is None or not isinstance(kept, sparse_input.SparseInput):
+            return None
+        return _transformed_product(Aggregation(*parts), kept, weight.t(), bias, decision.width)
     parts = decision.aggregation_parts()
     if parts is None:
         return None
@@ -188,18 +193,21 @@ def _kept(graph, x: Tensor, hops: int, owner, settings: tuple, node_dim: int,
     return cache.get(x, (*graph.key, hops, node_dim, may_be_sparse, precision, *settings), nbytes, keep)
 
 
-def _aggregate_transformed(graph, x: Tensor, weight: Tensor, bias: Tensor | None, hops: int,
-                           node_dim: int, owner: torch.nn.Module | None = None) -> Tensor:
+def _aggregate_transformed(graph, x: Tensor | sparse_input.SparseInput, weight: Tensor, bias: Tensor | None,
+                           hops: int, node_dim: int, owner: torch.nn.Module | None = None,
+                           kind: str = layer_calls.TRANSFORMED) -> Tensor:
     """``Â^hops (x W) + bias``, with ``W`` padded by zero columns to the width the products want:
     the last product cuts them and adds the bias in its output pass where the graph is an
     :class:`Aggregation` (fgplugin's kernels; a layer's bias add is a pass over its output: 0.45 ms
-    of a 13 ms GCN training step on products-like, H100), else :class:`_CutColumns` does."""
+    of a 13 ms GCN training step on products-like, H100), else :class:`_CutColumns` does. ``kind``:
+    the decision noted for a layer deciding its call (fgplugin.layer_calls), ``KEPT_SPARSE_INPUT``
+    where ``x`` is the sparse form of its kept input."""
     out = weight.shape[1]
     width = graph.vector_width(out, _product_dtype(x, weight))
     # Aggregation's own call takes the epilogue; a subclass's may keep the plain graph(x)
     if type(graph).__call__ is Aggregation.__call__ and hops >= 1 and len(x.shape) == 2 and node_dim % 2 == 0:
         if hops == 1:
-            layer_calls.decided(owner, layer_calls.TRANSFORMED, graph.adj, graph.norm, width)
+            layer_calls.decided(owner, kind, graph.adj, graph.norm, width)
         return _transformed_product(graph, x, weight, bias, width, hops, owner)
     h = _padded_product(x, weight, width)
     if width == out:

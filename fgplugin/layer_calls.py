@@ -21,14 +21,16 @@ same key runs it at once. Two decisions are kept, the two a training step makes:
   no Python dispatch between them and no second lookup; its key then also covers the product's
   switches, and edge values or scales that came to need a gradient send the call the full way;
 - ``x`` is the constant input whose aggregation the layer keeps dense (fgplugin.input_cache):
-  ``(A x) W + b`` (one ``addmm`` where it can be) on the kept tensor, asked for anew on every call
-  (the input cache checks ``x``'s identity and version).
+  ``(A x) W + b`` (one ``addmm`` where it can be) on the kept tensor; or the constant input the
+  layer keeps as a sparse matrix (fgplugin.sparse_input): ``A (x W) + b`` with ``x W`` on its
+  SpMM and ``W`` padded to the decided width. Either is asked for anew on every call (the input
+  cache checks ``x``'s identity and version, and the form kept); while the two forms are on trial
+  (fgplugin.form_trial) every call takes the full path.
 
 Everything else takes the full path every time: first calls, calls in any other context (autocast,
 ``torch.compile``, functorch transforms, forward-mode AD, CUDA graph capture, inference mode,
 tensor subclasses, torch function or dispatch modes), edge weights, graph inputs or edge values
-made in inference mode (they have no version), sparse ``x``, sparse kept inputs, aggregating
-first. The products below keep their own checks (fgplugin.spmm's on every call), so
+made in inference mode (they have no version), sparse ``x``, aggregating first. The products below keep their own checks (fgplugin.spmm's on every call), so
 a kept layer call runs the same ops with the same arguments as the full path: same results, bit
 for bit. A layer holds at most one kept call, with weak references only (to its graph input, the
 layer's objects, the adjacency and the scales), so it keeps nothing alive: a freed graph, a reset
@@ -49,7 +51,7 @@ from .repeated_calls import context_allows, need_grads, switches
 from .repeated_calls import find as find_product
 from .tiling import TiledAdjacency
 
-TRANSFORMED, KEPT_INPUT = "transformed", "kept input"
+TRANSFORMED, KEPT_INPUT, KEPT_SPARSE_INPUT = "transformed", "kept input", "kept sparse input"
 _PENDING = "_fgplugin_decided"  # what aggregate() decided in the call under way, until kept
 _KEPT = "_fgplugin_layer_call"
 
@@ -89,7 +91,9 @@ def _strong(held):
 class Decision(NamedTuple):
     """What :func:`fgplugin.aggregation.aggregate` decided: ``kind`` (``TRANSFORMED``:
     ``A (x W) + b`` with ``W`` padded to ``width`` columns; ``KEPT_INPUT``: ``(A x) W + b`` on the
-    input cache's dense aggregation) and the aggregation's adjacency and scales, held weakly."""
+    input cache's dense aggregation; ``KEPT_SPARSE_INPUT``: ``A (x W) + b`` on the input cache's
+    sparse form of ``x``, ``W`` padded to ``width``) and the aggregation's adjacency and scales,
+    held weakly."""
 
     kind: str
     adj: weakref.ref

@@ -35,7 +35,7 @@ def _setup(device, graph="tiled", cached=False):
 def _stock(conv, x, graph):
     """The stock PyG layer with conv's parameters and settings on ``graph`` (an edge_index, or a
     TiledAdjacency as its edges and current weights)."""
-    stock = pyg_nn.GCNConv(IN, conv.out_channels, improved=conv.improved, add_self_loops=conv.add_self_loops,
+    stock = pyg_nn.GCNConv(conv.in_channels, conv.out_channels, improved=conv.improved, add_self_loops=conv.add_self_loops,
                            normalize=conv.normalize, bias=conv.bias is not None).to(x.device)
     with torch.no_grad():
         stock.lin.weight.copy_(conv.lin.weight)
@@ -108,6 +108,43 @@ def test_the_first_layer_repeats_its_kept_input_bit_for_bit(device, monkeypatch)
         x.mul_(2)  # a new x for the input cache: its kept aggregation no longer applies
     changed = conv(x, g)
     assert rel_error(changed, _stock(conv, x, g)) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_first_layer_repeats_its_sparse_kept_input_bit_for_bit(device, monkeypatch):
+    """A mostly-zero constant input kept as a sparse matrix (fgplugin.sparse_input): repeated calls
+    run ``A (x W) + b`` on it with the full path's ops; a cache that no longer holds that form
+    sends the call the full way."""
+    features = 300
+    _, g = _setup(device)  # its weighted graph
+    conv = fp.GCNConv(features, OUT).to(device)
+    with torch.no_grad():
+        conv.bias.normal_()
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(60, features, generator=gen) * (torch.rand(60, features, generator=gen) < 0.02)).to(device)
+    monkeypatch.setattr(fgplugin.config.settings, "sparse_input", "1")  # the sparse form wherever it applies
+    full = _spy_full_path(monkeypatch)
+    outs = [conv(x, g) for _ in range(4)]
+    assert len(full) == 2  # the first call notes x, the second keeps it sparse (and decides), then repeats
+    cache = fgplugin.input_cache.of(conv)
+    assert isinstance(cache.value, fgplugin.sparse_input.SparseInput)
+    assert conv.__dict__["_fgplugin_layer_call"].decision.kind == layer_calls.KEPT_SPARSE_INPUT
+    assert all(torch.equal(outs[1], o) for o in outs[2:])
+    grad = torch.randn_like(outs[-1])
+    outs[-1].backward(grad)
+    kept_grads = (conv.lin.weight.grad.clone(), conv.bias.grad.clone())
+    conv.lin.weight.grad = conv.bias.grad = None
+    again = _full_path(conv, x, g)
+    again.backward(grad)
+    assert torch.equal(outs[-1], again)
+    assert all(torch.equal(a, b) for a, b in zip(kept_grads, (conv.lin.weight.grad, conv.bias.grad)))
+    assert rel_error(again, _stock(conv, x, g)) <= 1e-5
+    conv(x, g)  # kept again after the full path
+    full.clear()
+    cache._value = fgplugin.ops.spmm(g, x, *g.norm("gcn", dtype=x.dtype))  # the dense form, as a trial may keep
+    out = conv(x, g)
+    assert len(full) == 1 and rel_error(out, _stock(conv, x, g)) <= 1e-5
+    assert conv.__dict__["_fgplugin_layer_call"].decision.kind == layer_calls.KEPT_INPUT
 
 
 def _replace_weight(conv, g, x):
