@@ -88,18 +88,18 @@ def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor]):
     the training steps (the input cache keeps the faster). Running out of GPU memory while the
     forms are timed keeps the dense form; in ``dense()`` itself it is the caller's, as without
     the sparse form."""
-    sparse = _candidate(graph, x, hops)
-    if sparse is None:
+    if not _candidate(graph, x, hops):
         return dense()
     if settings.sparse_input == "1":
-        return sparse
+        sparse = _sparse_form(x)
+        return dense() if sparse is None else sparse
     eager = x.is_cuda and not autotune.in_captured_step()
     try:
-        sparse_wins = (_worth_a_trial if eager else _sparse_is_faster)(graph, x, sparse, width, hops)
+        sparse = (_worth_a_trial if eager else _faster_sparse_form)(graph, x, width, hops)
     except torch.cuda.OutOfMemoryError:  # timing the forms: keeping the dense one needs no more
         torch.cuda.empty_cache()
-        sparse_wins = False
-    if not sparse_wins:
+        sparse = None
+    if sparse is None:
         return dense()
     return FormTrial(dense(), sparse, x.device) if eager else sparse
 
@@ -107,13 +107,12 @@ def keep(graph, x: Tensor, width: int, hops: int, dense: Callable[[], Tensor]):
 def may_win_eager(dense_ms: tuple[float, float], sparse_ms: tuple[float, float] | None = None) -> bool:
     """Whether the sparse form may make an eager step faster, given each form's ``(device, host)``
     ms per training step (:func:`_worth_a_trial`): only if the device time it saves exceeds its
-    own host time. A step bound by its host pays the sparse form's host work, which in a layer is
-    more than its products' extra launches (the dense form's product runs from the layer's kept
-    call, the sparse form's from its full path); one bound by its device gains at most the device
-    time saved, little against such a step where it is less than that host time. Without
+    own host time. A step bound by its host pays the sparse form's host work (2 + 2K sparse
+    products against two GEMMs); one bound by its device gains at most the device time saved,
+    little against such a step where it is less than that host time. Without
     ``sparse_ms`` (not timed yet): whether the dense form's device time exceeds its host time, a
-    shortcut: the sparse form makes more calls (2 + 2K sparse products against two GEMMs), and its
-    host time read 0.92-2.4x the dense form's on the graphs below.
+    shortcut that spares building the sparse form where it has no chance: it makes more calls, and
+    its host time read 0.92-2.4x the dense form's on the graphs below.
 
     H100, the 11 graphs whose bag-of-words input may be kept sparse (docs/results.md section 29):
     the sparse form saved 0.003-0.12 ms of device time on 8 of them and 0.46 on cornell5, less
@@ -130,48 +129,65 @@ def may_win_eager(dense_ms: tuple[float, float], sparse_ms: tuple[float, float] 
     return dense_device - sparse_device > sparse_host
 
 
-def _candidate(graph, x: Tensor, hops: int) -> SparseInput | None:
-    """``x`` as a :class:`SparseInput` where that form may be kept (allowed, float32, few enough
-    non-zeros to have a chance), else ``None``."""
+def _candidate(graph, x: Tensor, hops: int) -> bool:
+    """Whether ``x`` may be kept sparse: allowed, float32, few enough non-zeros to have a chance."""
     if settings.sparse_input == "0" or x.dim() != 2 or x.dtype != torch.float32 or x.numel() == 0:
-        return None
+        return False
     if capturing(x):  # counting needs a host sync
-        return None
+        return False
     work = int(torch.count_nonzero(x)) + hops * graph.adj.nnz
-    if settings.sparse_input != "1" and work > MAX_SPARSE_SHARE * graph.shape[0] * x.shape[1]:  # A^K x's size
-        return None
+    return settings.sparse_input == "1" or work <= MAX_SPARSE_SHARE * graph.shape[0] * x.shape[1]  # A^K x's size
+
+
+def _sparse_form(x: Tensor) -> SparseInput | None:
+    """``x`` as a :class:`SparseInput`, or ``None`` where it has NaN or infinite entries (the dense
+    products keep their semantics) or the GPU has no memory for it (the dense form needs no more)."""
     try:
         return SparseInput.of(x)
-    except ValueError:  # NaN or infinite features: the dense products keep their semantics
+    except ValueError:
         return None
-    except torch.cuda.OutOfMemoryError:  # the dense form needs no more memory
+    except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         return None
+
+
+def _faster_sparse_form(graph, x: Tensor, width: int, hops: int) -> SparseInput | None:
+    """On the CPU and for a captured step: the sparse form where its products are faster
+    (:func:`_sparse_is_faster`), else ``None``."""
+    sparse = _sparse_form(x)
+    return sparse if sparse is not None and _sparse_is_faster(graph, x, sparse, width, hops) else None
 
 
 def _sparse_is_faster(graph, x: Tensor, sparse: SparseInput, width: int, hops: int) -> bool:
     """Times one training step's use of each form (:func:`_form_steps`) by
     :func:`fgplugin.autotune.cost_ms`: on the CPU and for a captured step."""
-    sparse_step, dense_step = _form_steps(graph, x, sparse, width, hops)
+    dense_step, sparse_step = _form_steps(graph, x, width, hops)
     with _row_skipping_off():
-        sparse_ms = autotune.cost_ms(sparse_step, x.device, warm_up=True)
+        sparse_ms = autotune.cost_ms(sparse_step(sparse), x.device, warm_up=True)
         # warmed up too: a first GEMM of a shape loads its kernels (CUDA's lazy loading), which
         # made one dense step look slower than the whole sparse one and ended the timing there
         return sparse_ms < autotune.cost_ms(dense_step, x.device, warm_up=True, stop_above=sparse_ms)
 
 
-def _worth_a_trial(graph, x: Tensor, sparse: SparseInput, width: int, hops: int) -> bool:
-    """:func:`may_win_eager` on one training step's use of each form (:func:`_form_steps`), timed
-    by :func:`fgplugin.autotune.device_and_host_ms`; the sparse form only where the dense form's
-    times leave it a chance. H100: 3-7 ms for the dense form alone, 22-50 ms with the sparse form,
-    whose first products build its kernel plans (which a trial's first sparse steps would
-    otherwise build). Seven timed batches instead of three took 2x (dense form alone) and 1.5x as
-    long and changed no decision on 11 graphs; where one flips between runs (cornell5: 0.46 ms saved against 0.45-0.72 ms of
-    sparse host time), the two forms' eager steps are within 4%."""
-    sparse_step, dense_step = _form_steps(graph, x, sparse, width, hops)
+def _worth_a_trial(graph, x: Tensor, width: int, hops: int) -> SparseInput | None:
+    """The sparse form where :func:`may_win_eager` says a trial on the eager steps may find it
+    faster, else ``None``; each form's training-step use (:func:`_form_steps`) timed by
+    :func:`fgplugin.autotune.device_and_host_ms`, the sparse form built and timed only where the
+    dense form's times leave it a chance. H100: 3-7 ms for the dense form alone, 22-50 ms with the
+    sparse form, whose first products build its kernel plans (which a trial's first sparse steps
+    would otherwise build). Seven timed batches instead of three took 2x (dense form alone) and
+    1.5x as long and changed no decision on 11 graphs; where one flips between runs (cornell5:
+    0.46 ms saved against 0.45-0.72 ms of sparse host time), the two forms' eager steps are within
+    4%."""
+    dense_step, sparse_step = _form_steps(graph, x, width, hops)
     with _row_skipping_off():
         dense_ms = autotune.device_and_host_ms(dense_step, x.device)
-        return may_win_eager(dense_ms) and may_win_eager(dense_ms, autotune.device_and_host_ms(sparse_step, x.device))
+        if not may_win_eager(dense_ms):
+            return None
+        sparse = _sparse_form(x)
+        if sparse is None or not may_win_eager(dense_ms, autotune.device_and_host_ms(sparse_step(sparse), x.device)):
+            return None
+        return sparse
 
 
 @contextmanager
@@ -185,23 +201,17 @@ def _row_skipping_off():
         set_row_skipping(previous)
 
 
-def _form_steps(graph, x: Tensor, sparse: SparseInput, width: int, hops: int):
-    """``(sparse_step, dense_step)``: one training step's use of each form, forward and backward
-    through autograd as the layer runs them, at ``width`` columns: ``x W``, the ``hops`` products
-    over the graph, their adjoints and ``x^T G'``, against the dense form's ``(A^K x) W`` and its
-    weight gradient ``(A^K x)^T G``. Through autograd because a step pays the autograd functions'
-    host time as well."""
+def _form_steps(graph, x: Tensor, width: int, hops: int):
+    """``(dense_step, sparse_step)``: one training step's use of each form, forward and backward
+    through autograd as the layer runs them, at ``width`` columns: the dense form's ``(A^K x) W``
+    and its weight gradient ``(A^K x)^T G``, against (``sparse_step(sparse)``, for ``x``'s
+    :class:`SparseInput`) ``x W``, the ``hops`` products over the graph, their adjoints and
+    ``x^T G'``. Through autograd because a step pays the autograd functions' host time as well."""
     gen = torch.Generator(device=x.device).manual_seed(0)
     w = torch.randn(x.shape[1], width, device=x.device, generator=gen).requires_grad_()
     g_dst = torch.randn(graph.shape[0], width, device=x.device, generator=gen)
     # the dense form multiplies A^K x, one row per target node (its values do not change a GEMM's time)
     aggregated = x if graph.shape[0] == x.shape[0] else x.new_zeros(graph.shape[0], x.shape[1])
-
-    def sparse_forward():
-        h = sparse @ w
-        for _ in range(hops):
-            h = graph(h)
-        return h
 
     def step(forward):
         def run():
@@ -210,4 +220,12 @@ def _form_steps(graph, x: Tensor, sparse: SparseInput, width: int, hops: int):
                 forward().backward(g_dst)
         return run
 
-    return step(sparse_forward), step(lambda: aggregated @ w)
+    def sparse_step(sparse: SparseInput):
+        def forward():
+            h = sparse @ w
+            for _ in range(hops):
+                h = graph(h)
+            return h
+        return step(forward)
+
+    return step(lambda: aggregated @ w), sparse_step

@@ -338,15 +338,18 @@ def eager_cuda_input(sparse_auto, monkeypatch):
 def test_an_eager_cuda_fill_weighs_device_time_saved_against_host_time(eager_cuda_input, monkeypatch):
     """On an eager CUDA step the kept input is the dense form, without a trial, unless the sparse
     form saves more device time than its own host time; then the two go on trial. The sparse form
-    is timed only where the dense form's times leave it a chance, and the zero-row skipping is off
-    while the forms are timed."""
+    is built and timed only where the dense form's times leave it a chance, and the zero-row
+    skipping is off while the forms are timed."""
     graph, x = eager_cuda_input
     dense = torch.full(x.shape, 2.0)
+    built, sparse_of = [], sparse_input.SparseInput.of
+    monkeypatch.setattr(sparse_input.SparseInput, "of", staticmethod(lambda x: built.append(1) or sparse_of(x)))
     skipping = fgplugin.set_row_skipping(True)
     try:
         for costs, kept in [([(0.2, 0.3)], torch.Tensor), ([(1.0, 0.3), (0.8, 0.4)], torch.Tensor),
                             ([(1.0, 0.3), (0.2, 0.4)], FormTrial)]:
             given, skipping_seen = list(costs), []
+            built.clear()
 
             def timed(run, device):
                 skipping_seen.append(fgplugin.config.settings.skip_zero_rows)
@@ -354,6 +357,7 @@ def test_an_eager_cuda_fill_weighs_device_time_saved_against_host_time(eager_cud
             monkeypatch.setattr(autotune, "device_and_host_ms", timed)
             value = sparse_input.keep(graph, x, 8, 1, lambda: dense)
             assert not given and type(value) is kept  # each cost asked for, and no more
+            assert len(built) == len(costs) - 1  # the sparse form built where it was timed, once
             assert (value if kept is torch.Tensor else value.forms[0]) is dense
             assert not any(skipping_seen) and fgplugin.config.settings.skip_zero_rows
     finally:
@@ -386,7 +390,7 @@ def test_running_out_of_memory_in_the_dense_form_is_the_callers(eager_cuda_input
     def dense():
         calls.append(1)
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
-    monkeypatch.setattr(sparse_input, "_worth_a_trial", lambda *args: True)
+    monkeypatch.setattr(sparse_input, "_worth_a_trial", lambda graph, x, *args: sparse_input.SparseInput.of(x))
     with pytest.raises(torch.cuda.OutOfMemoryError):
         sparse_input.keep(graph, x, 8, 1, dense)
     assert calls == [1]
