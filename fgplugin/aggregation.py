@@ -109,10 +109,12 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
         return out if bias is None else out + bias
     kept = _kept(graph, x, hops, owner, settings, node_dim, weight)
     if isinstance(kept, sparse_input.SparseInput):
-        return _aggregate_transformed(graph, kept, weight, bias, hops, 0, owner, layer_calls.KEPT_SPARSE_INPUT)
+        return _aggregate_transformed(graph, kept, weight, bias, hops, 0, owner, layer_calls.KEPT_INPUT)
     if kept is not None:
-        if weight is not None and isinstance(graph, Aggregation):
-            layer_calls.decided(owner, layer_calls.KEPT_INPUT, graph.adj, graph.norm)
+        if weight is not None and hops == 1 and isinstance(graph, Aggregation):
+            # the width the sparse form would run at: a repeated call serves the form kept then
+            width = graph.vector_width(weight.shape[1], _product_dtype(x, weight))
+            layer_calls.decided(owner, layer_calls.KEPT_INPUT, graph.adj, graph.norm, width)
         return transform_with_bias(kept, weight, bias)
     if weight is not None and weight.shape[0] > weight.shape[1]:
         return _aggregate_transformed(graph, x, weight, bias, hops, node_dim, owner)
@@ -126,15 +128,15 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     (``x W^T``). ``None`` where the decision no longer applies (the graph was freed, the input
     cache let go of ``x``'s aggregation, the product's kept call was let go of): then call
     :func:`aggregate`."""
-    if decision.kind != layer_calls.TRANSFORMED:  # a kept input, in the form it was kept in then
-        cache = input_cache.of(owner)
-        if cache.on_trial:  # a form on trial is timed by the cache's own call (get), on the full way
+    if decision.kind == layer_calls.KEPT_INPUT:  # in the form the input cache holds now
+        # the graph freed: nothing asked of the cache, whose get() then counts the call instead
+        if decision.adj() is None:
             return None
-        kept = cache.kept_for(x)
-        if decision.kind == layer_calls.KEPT_INPUT:
-            return transform_with_bias(kept, weight.t(), bias) if isinstance(kept, Tensor) else None
+        kept = input_cache.of(owner).kept_for_call(x)
+        if isinstance(kept, Tensor):
+            return transform_with_bias(kept, weight.t(), bias)
         parts = decision.aggregation_parts()
-        if parts is None or not isinstance(kept, sparse_input.SparseInput):
+        if kept is None or parts is None:
             return None
         return _transformed_product(Aggregation(*parts), kept, weight.t(), bias, decision.width)
     parts = decision.aggregation_parts()
@@ -200,8 +202,8 @@ def _aggregate_transformed(graph, x: Tensor | sparse_input.SparseInput, weight: 
     the last product cuts them and adds the bias in its output pass where the graph is an
     :class:`Aggregation` (fgplugin's kernels; a layer's bias add is a pass over its output: 0.45 ms
     of a 13 ms GCN training step on products-like, H100), else :class:`_CutColumns` does. ``kind``:
-    the decision noted for a layer deciding its call (fgplugin.layer_calls), ``KEPT_SPARSE_INPUT``
-    where ``x`` is the sparse form of its kept input."""
+    the decision noted for a layer deciding its call (fgplugin.layer_calls), ``KEPT_INPUT`` where
+    ``x`` is the sparse form of its kept input."""
     out = weight.shape[1]
     width = graph.vector_width(out, _product_dtype(x, weight))
     # Aggregation's own call takes the epilogue; a subclass's may keep the plain graph(x)

@@ -104,7 +104,8 @@ class InputCache:
     @property
     def on_trial(self) -> bool:
         """Whether the kept input's form is still being timed on the training steps
-        (fgplugin.form_trial): each call then goes through :meth:`get`."""
+        (fgplugin.form_trial): each call then counts, through :meth:`get` or
+        :meth:`kept_for_call`."""
         return isinstance(self._value, FormTrial)
 
     def kept_for(self, x: Tensor):
@@ -112,10 +113,21 @@ class InputCache:
         may be reused in this call (as for :meth:`get`: not under torch.compile, which would bake
         in the version check's answer, nor for an ``x`` that needs a gradient), else ``None``: a
         layer's other product with the same input (SAGE's root weight) may use it."""
-        if self._key is None or not _context_allows() or not _constant(x) or \
-                self._for_captured_step != in_captured_step() and torch.is_grad_enabled():
+        return hold(current(self._value)) if self._reusable_for(x) else None
+
+    def kept_for_call(self, x: Tensor):
+        """:meth:`kept_for` for a layer's repeated call (fgplugin.layer_calls), which runs on it
+        instead of :meth:`get`: where the forms are on trial, the call is counted as :meth:`get`
+        counts it, and the form it is to run on is returned."""
+        if not self._reusable_for(x):
             return None
-        return hold(current(self._value)) if self._key.is_of(x) else None
+        if isinstance(self._value, FormTrial):
+            self._value = self._value.on_call()
+        return hold(current(self._value))
+
+    def _reusable_for(self, x: Tensor) -> bool:
+        return self._key is not None and _context_allows() and _constant(x) and \
+            (self._for_captured_step == in_captured_step() or not torch.is_grad_enabled()) and self._key.is_of(x)
 
     def admits(self, x) -> bool:
         """Whether ``x`` may be this call's kept input: asked before :meth:`get`, whose key costs

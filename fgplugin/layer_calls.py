@@ -20,12 +20,12 @@ same key runs it at once. Two decisions are kept, the two a training step makes:
   matrix product and the SpMM in one step from C++ (its ``transformed``: the same ATen ops), with
   no Python dispatch between them and no second lookup; its key then also covers the product's
   switches, and edge values or scales that came to need a gradient send the call the full way;
-- ``x`` is the constant input whose aggregation the layer keeps dense (fgplugin.input_cache):
-  ``(A x) W + b`` (one ``addmm`` where it can be) on the kept tensor; or the constant input the
-  layer keeps as a sparse matrix (fgplugin.sparse_input): ``A (x W) + b`` with ``x W`` on its
-  SpMM and ``W`` padded to the decided width. Either is asked for anew on every call (the input
-  cache checks ``x``'s identity and version, and the form kept); while the two forms are on trial
-  (fgplugin.form_trial) every call takes the full path.
+- ``x`` is the constant input the layer keeps (fgplugin.input_cache), in the form the cache holds
+  at the call: its dense aggregation, ``(A x) W + b`` (one ``addmm`` where it can be), or ``x`` as
+  a sparse matrix (fgplugin.sparse_input), ``A (x W) + b`` with ``x W`` on its SpMM and ``W``
+  padded to the decided width. It is asked for anew on every call (the input cache checks ``x``'s
+  identity and version), and while the two forms are on trial (fgplugin.form_trial) the cache
+  counts the call and answers the form to run, so the trial times the forms as they run after it.
 
 Everything else takes the full path every time: first calls, calls in any other context (autocast,
 ``torch.compile``, functorch transforms, forward-mode AD, CUDA graph capture, inference mode,
@@ -51,7 +51,7 @@ from .repeated_calls import context_allows, need_grads, switches
 from .repeated_calls import find as find_product
 from .tiling import TiledAdjacency
 
-TRANSFORMED, KEPT_INPUT, KEPT_SPARSE_INPUT = "transformed", "kept input", "kept sparse input"
+TRANSFORMED, KEPT_INPUT = "transformed", "kept input"
 _PENDING = "_fgplugin_decided"  # what aggregate() decided in the call under way, until kept
 _KEPT = "_fgplugin_layer_call"
 
@@ -90,10 +90,9 @@ def _strong(held):
 
 class Decision(NamedTuple):
     """What :func:`fgplugin.aggregation.aggregate` decided: ``kind`` (``TRANSFORMED``:
-    ``A (x W) + b`` with ``W`` padded to ``width`` columns; ``KEPT_INPUT``: ``(A x) W + b`` on the
-    input cache's dense aggregation; ``KEPT_SPARSE_INPUT``: ``A (x W) + b`` on the input cache's
-    sparse form of ``x``, ``W`` padded to ``width``) and the aggregation's adjacency and scales,
-    held weakly."""
+    ``A (x W) + b`` with ``W`` padded to ``width`` columns; ``KEPT_INPUT``: on the input cache's
+    form of ``x``, ``(A x) W + b`` on its dense aggregation or ``A (x W) + b`` on its sparse form,
+    ``W`` padded to ``width``) and the aggregation's adjacency and scales, held weakly."""
 
     kind: str
     adj: weakref.ref

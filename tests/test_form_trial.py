@@ -277,9 +277,9 @@ def test_eager_and_captured_forms_are_kept_apart(sparse_auto, monkeypatch):
 
 
 def test_a_layer_on_trial_counts_every_training_call(fake_cuda_events, sparse_auto, monkeypatch):
-    """A layer whose kept input is on trial takes its full way on every call (the repeated-call
-    fast path would skip the count), its outputs those of the form in use, until a form is kept.
-    (On the CPU no trial starts by itself: put in by hand.)"""
+    """A layer whose kept input is on trial counts every call, its repeated calls
+    (fgplugin.layer_calls) too, which run on the form in use; its outputs are those of that form,
+    until a form is kept. (On the CPU no trial starts by itself: put in by hand.)"""
     pytest.importorskip("torch_geometric", reason="the drop-in layers need torch_geometric")
     import torch_geometric.nn as pyg_nn
     import fgplugin.pyg as fp
@@ -295,6 +295,9 @@ def test_a_layer_on_trial_counts_every_training_call(fake_cuda_events, sparse_au
     assert isinstance(cache.value, torch.Tensor) and not cache.on_trial
     trial = FormTrial(cache.value, sparse_input.SparseInput.of(x), CPU)
     cache._value = trial
+    full_path = []
+    aggregate = fp.gcn_conv.aggregate
+    monkeypatch.setattr(fp.gcn_conv, "aggregate", lambda *args, **kwargs: full_path.append(1) or aggregate(*args, **kwargs))
     forms = []
     for calls in range(1, CALLS_TO_DECIDE + 1):
         tick(2.0 + (0.5 if isinstance(trial.current, torch.Tensor) else 0.0))
@@ -306,6 +309,7 @@ def test_a_layer_on_trial_counts_every_training_call(fake_cuda_events, sparse_au
         assert len(trial._events) == calls
     assert isinstance(cache.value, sparse_input.SparseInput) and calls == CLEAR_WIN_CALLS
     assert set(forms) == {torch.Tensor, sparse_input.SparseInput}
+    assert not full_path  # every call repeated as decided, on the form in use
 
 
 @pytest.mark.parametrize("dense_ms, sparse_ms, trial", [
