@@ -47,6 +47,7 @@ from torch.overrides import has_torch_function
 from . import input_cache, layer_calls, ops, sparse_input
 from .normalization import Normalization
 from .ops import padded_width
+from .repeated_calls import need_grads
 from .tiling import TiledAdjacency
 
 NO_NORM = Normalization(None, None, None)
@@ -128,20 +129,21 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     (``x W^T``). ``None`` where the decision no longer applies (the graph was freed, the input
     cache let go of ``x``'s aggregation, the product's kept call was let go of): then call
     :func:`aggregate`."""
-    if decision.kind == layer_calls.KEPT_INPUT:  # in the form the input cache holds now
-        # the graph freed: nothing asked of the cache, whose get() then counts the call instead
-        if decision.adj() is None:
-            return None
-        kept = input_cache.of(owner).kept_for_call(x)
-        if isinstance(kept, Tensor):
-            return transform_with_bias(kept, weight.t(), bias)
-        parts = decision.aggregation_parts()
-        if kept is None or parts is None:
-            return None
-        return _transformed_product(Aggregation(*parts), kept, weight.t(), bias, decision.width)
     parts = decision.aggregation_parts()
     if parts is None:
         return None
+    if decision.kind == layer_calls.KEPT_INPUT:  # in the form the input cache holds now
+        # edge values or scales that came to need a gradient (``requires_grad_`` changes no
+        # version): what is kept was built without it, and the cache's get() drops it. Asked
+        # before the cache counts a call on trial, which the full path's get() would count again.
+        if need_grads(parts[0].values, *parts[1]):
+            return None
+        kept = input_cache.of(owner).kept_for_call(x)
+        if kept is None:
+            return None
+        if isinstance(kept, Tensor):
+            return transform_with_bias(kept, weight.t(), bias)
+        return _transformed_product(Aggregation(*parts), kept, weight.t(), bias, decision.width)
     product = layer_calls.product_call(decision, *parts)
     # a weight or bias with a __torch_function__ of its own must see its ops: the C++ call skips it
     if product is None or has_torch_function((weight, bias)):

@@ -298,6 +298,10 @@ def test_a_layer_on_trial_counts_every_training_call(fake_cuda_events, sparse_au
     full_path = []
     aggregate = fp.gcn_conv.aggregate
     monkeypatch.setattr(fp.gcn_conv, "aggregate", lambda *args, **kwargs: full_path.append(1) or aggregate(*args, **kwargs))
+    with torch.no_grad():  # evaluations before any training step: counted as waiting, not timed
+        ours(x, ei)
+        ours(x, ei)  # repeated as decided
+    assert trial._waited == 2 and not trial._events and len(full_path) == 1
     forms = []
     for calls in range(1, CALLS_TO_DECIDE + 1):
         tick(2.0 + (0.5 if isinstance(trial.current, torch.Tensor) else 0.0))
@@ -307,9 +311,15 @@ def test_a_layer_on_trial_counts_every_training_call(fake_cuda_events, sparse_au
         if not cache.on_trial:
             break
         assert len(trial._events) == calls
+        if calls == 3:  # an evaluation: its calls are noted, not timed (the second one repeated as decided)
+            with torch.no_grad():
+                ours(x, ei)
+                ours(x, ei)
+            assert trial._uncounted == {calls - 1} and len(trial._events) == calls
     assert isinstance(cache.value, sparse_input.SparseInput) and calls == CLEAR_WIN_CALLS
     assert set(forms) == {torch.Tensor, sparse_input.SparseInput}
-    assert not full_path  # every call repeated as decided, on the form in use
+    # every call repeated as decided, on the form in use, but the first in and out of each evaluation
+    assert len(full_path) == 4
 
 
 @pytest.mark.parametrize("dense_ms, sparse_ms, trial", [

@@ -110,25 +110,36 @@ def test_the_first_layer_repeats_its_kept_input_bit_for_bit(device, monkeypatch)
     assert rel_error(changed, _stock(conv, x, g)) <= 1e-5
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_the_first_layer_repeats_its_sparse_kept_input_bit_for_bit(device, monkeypatch):
-    """A mostly-zero constant input kept as a sparse matrix (fgplugin.sparse_input): repeated calls
-    run ``A (x W) + b`` on it with the full path's ops, and serve the form the cache holds at the
-    call (a trial switches them), whichever form the call was decided on."""
+def _bag_of_words_layer(device):
+    """A GCNConv (random bias) over 300 mostly-zero input features, its input and a weighted graph
+    of 60 nodes."""
     features = 300
-    _, g = _setup(device)  # its weighted graph
+    _, g = _setup(device)
     conv = fp.GCNConv(features, OUT).to(device)
     with torch.no_grad():
         conv.bias.normal_()
     gen = torch.Generator().manual_seed(3)
     x = (torch.randn(60, features, generator=gen) * (torch.rand(60, features, generator=gen) < 0.02)).to(device)
+    return conv, g, x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_first_layer_repeats_its_sparse_kept_input_bit_for_bit(device, monkeypatch):
+    """A mostly-zero constant input kept as a sparse matrix (fgplugin.sparse_input): repeated calls
+    run ``A (x W) + b`` on it with the full path's ops (the weight padded to the decided width), and
+    serve the form the cache holds at the call (a trial switches them), whichever form the call
+    was decided on."""
+    conv, g, x = _bag_of_words_layer(device)
     monkeypatch.setattr(fgplugin.config.settings, "sparse_input", "1")  # the sparse form wherever it applies
+    # padded as the CUDA kernels pad wide products (the graphs here are too small for it)
+    monkeypatch.setattr(fgplugin.aggregation.Aggregation, "vector_width", lambda self, features, dtype: features + 3)
     full = _spy_full_path(monkeypatch)
     outs = [conv(x, g) for _ in range(4)]
     assert len(full) == 2  # the first call notes x, the second keeps it sparse (and decides), then repeats
     cache = fgplugin.input_cache.of(conv)
     assert isinstance(cache.value, fgplugin.sparse_input.SparseInput)
-    assert conv.__dict__["_fgplugin_layer_call"].decision.kind == layer_calls.KEPT_INPUT
+    decision = conv.__dict__["_fgplugin_layer_call"].decision
+    assert decision.kind == layer_calls.KEPT_INPUT and decision.width == OUT + 3
     assert all(torch.equal(outs[1], o) for o in outs[2:])
     grad = torch.randn_like(outs[-1])
     outs[-1].backward(grad)
@@ -138,18 +149,38 @@ def test_the_first_layer_repeats_its_sparse_kept_input_bit_for_bit(device, monke
     again.backward(grad)
     assert torch.equal(outs[-1], again)
     assert all(torch.equal(a, b) for a, b in zip(kept_grads, (conv.lin.weight.grad, conv.bias.grad)))
-    assert rel_error(again, _stock(conv, x, g)) <= 1e-5
-    sparse, dense = cache.value, fgplugin.ops.spmm(g, x, *g.norm("gcn", dtype=x.dtype))
     expected = _stock(conv, x, g)
-    full.clear()
-    for form, decided_on in [(dense, "sparse"), (sparse, "sparse"), (dense, "dense"), (sparse, "dense")]:
-        if decided_on == "dense":
-            cache._value = dense
-            _full_path(conv, x, g)  # the call decided on the dense form
+    assert rel_error(again, expected) <= 1e-5
+    sparse, dense = cache.value, fgplugin.ops.spmm(g, x, *g.norm("gcn", dtype=x.dtype))
+    for decided_on in (sparse, dense):
+        for served in (sparse, dense):
+            cache._value = decided_on
+            _full_path(conv, x, g)  # a call decided on this form
+            assert conv.__dict__["_fgplugin_layer_call"].decision.width == OUT + 3
+            cache._value = served
             full.clear()
-        cache._value = form
-        assert rel_error(conv(x, g), expected) <= 1e-5
-        assert not full  # served by the repeated call, in the form held now
+            out = conv(x, g)
+            assert not full  # served by the repeated call, in the form held now
+            assert torch.equal(out, _full_path(conv, x, g)) and rel_error(out, expected) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["dense", "sparse"])
+def test_edge_values_that_come_to_need_a_gradient_get_it(device, form, monkeypatch):
+    """Edge values set to need a gradient after the layer kept its input (``requires_grad_``
+    changes no version): the next call takes the full path, which aggregates afresh, and the edge
+    values get the full path's gradient."""
+    conv, g, x = _bag_of_words_layer(device)
+    monkeypatch.setattr(fgplugin.config.settings, "sparse_input", "1" if form == "sparse" else "0")
+    for _ in range(3):
+        conv(x, g)
+    assert conv.__dict__.get("_fgplugin_layer_call") is not None
+    g.values.requires_grad_()
+    conv(x, g).square().sum().backward()
+    assert g.values.grad is not None
+    kept_grad, g.values.grad = g.values.grad, None
+    _full_path(conv, x, g).square().sum().backward()
+    assert torch.equal(kept_grad, g.values.grad)
 
 
 def _replace_weight(conv, g, x):
