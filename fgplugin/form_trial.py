@@ -65,8 +65,8 @@ class FormTrial:
     does, on the form in use, and count through the input cache as its full calls do: a block's
     timed step is then a repeated call of that form, as the form runs once kept. (Sending every
     call down the full path instead cost 52 against 19 us of host time per call on a 2-core CPU,
-    benchmarks/results/cpu/form_trial_full_path_cpu.json, and more for the sparse form, whose
-    repeated call saved 0.09-0.21 ms of an eager step's host time on an H100.)"""
+    benchmarks/results/cpu/form_trial_full_path_cpu.json, and 0.06-0.15 ms of a GCN forward's
+    host time for the sparse form on an H100, benchmarks/results/h100/sparse_call_ab.json.)"""
 
     __slots__ = ("forms", "current", "_device", "_events", "_differences", "_pairs_read", "_uncounted",
                  "_waited", "__weakref__")
