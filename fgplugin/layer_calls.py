@@ -33,9 +33,10 @@ tensor subclasses, torch function or dispatch modes), edge weights, graph inputs
 made in inference mode (they have no version), sparse ``x``, aggregating first, and edge values
 or scales that need a gradient. The products below keep their own checks (fgplugin.spmm's on
 every call), so a kept layer call runs the same ops with the same arguments as the full path:
-same results, bit for bit. A layer holds at most one kept call, with weak references only (to its graph input, the
-layer's objects, the adjacency and the scales), so it keeps nothing alive: a freed graph, a reset
-graph cache or a replaced weight is let go of as before, and the next call takes the full path.
+same results, bit for bit. A layer holds at most one kept call, with weak references only (to
+its graph input, the layer's objects, the adjacency and the scales), so it keeps nothing alive: a
+freed graph, a reset graph cache or a replaced weight is let go of as before, and the next call
+takes the full path.
 """
 from __future__ import annotations
 

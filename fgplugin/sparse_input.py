@@ -185,9 +185,9 @@ def _worth_a_trial(graph, x: Tensor, width: int, hops: int) -> SparseInput | Non
         if not may_win_eager(dense_ms):
             return None
         sparse = _sparse_form(x)
-        if sparse is None or not may_win_eager(dense_ms, autotune.device_and_host_ms(sparse_step(sparse), x.device)):
+        if sparse is None:
             return None
-        return sparse
+        return sparse if may_win_eager(dense_ms, autotune.device_and_host_ms(sparse_step(sparse), x.device)) else None
 
 
 @contextmanager

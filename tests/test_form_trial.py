@@ -297,7 +297,8 @@ def test_a_layer_on_trial_counts_every_training_call(fake_cuda_events, sparse_au
     cache._value = trial
     full_path = []
     aggregate = fp.gcn_conv.aggregate
-    monkeypatch.setattr(fp.gcn_conv, "aggregate", lambda *args, **kwargs: full_path.append(1) or aggregate(*args, **kwargs))
+    monkeypatch.setattr(fp.gcn_conv, "aggregate",
+                        lambda *args, **kwargs: full_path.append(1) or aggregate(*args, **kwargs))
     with torch.no_grad():  # evaluations before any training step: counted as waiting, not timed
         ours(x, ei)
         ours(x, ei)  # repeated as decided

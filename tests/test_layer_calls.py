@@ -35,8 +35,9 @@ def _setup(device, graph="tiled", cached=False):
 def _stock(conv, x, graph):
     """The stock PyG layer with conv's parameters and settings on ``graph`` (an edge_index, or a
     TiledAdjacency as its edges and current weights)."""
-    stock = pyg_nn.GCNConv(conv.in_channels, conv.out_channels, improved=conv.improved, add_self_loops=conv.add_self_loops,
-                           normalize=conv.normalize, bias=conv.bias is not None).to(x.device)
+    stock = pyg_nn.GCNConv(conv.in_channels, conv.out_channels, improved=conv.improved,
+                           add_self_loops=conv.add_self_loops, normalize=conv.normalize,
+                           bias=conv.bias is not None).to(x.device)
     with torch.no_grad():
         stock.lin.weight.copy_(conv.lin.weight)
         if conv.bias is not None:
@@ -132,7 +133,8 @@ def test_the_first_layer_repeats_its_sparse_kept_input_bit_for_bit(device, monke
     conv, g, x = _bag_of_words_layer(device)
     monkeypatch.setattr(fgplugin.config.settings, "sparse_input", "1")  # the sparse form wherever it applies
     # padded as the CUDA kernels pad wide products (the graphs here are too small for it)
-    monkeypatch.setattr(fgplugin.aggregation.Aggregation, "vector_width", lambda self, features, dtype: features + 3)
+    monkeypatch.setattr(fgplugin.aggregation.Aggregation, "vector_width",
+                        lambda self, features, dtype: features + 3)
     full = _spy_full_path(monkeypatch)
     outs = [conv(x, g) for _ in range(4)]
     assert len(full) == 2  # the first call notes x, the second keeps it sparse (and decides), then repeats
