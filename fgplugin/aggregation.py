@@ -131,21 +131,19 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     cache let go of ``x``'s aggregation, the product's kept call was let go of): then call
     :func:`aggregate`."""
     parts = decision.aggregation_parts()
-    if parts is None:
+    # edge values or scales that came to need a gradient (``requires_grad_`` changes no version):
+    # the scales noted with the decision, and a kept input, were computed without it; the full
+    # path computes them afresh. Asked before the input cache counts a call on trial.
+    if parts is None or need_grads(parts[0].values, *parts[1]):
         return None
     if decision.kind == layer_calls.KEPT_INPUT:  # in the form the input cache holds now
-        # edge values or scales that came to need a gradient (``requires_grad_`` changes no
-        # version): what is kept was built without it, and the cache's get() drops it. Asked
-        # before the cache counts a call on trial, which the full path's get() would count again.
-        if need_grads(parts[0].values, *parts[1]):
-            return None
         kept = input_cache.of(owner).kept_for_call(x)
         if kept is None:
             return None
         if isinstance(kept, Tensor):
             return transform_with_bias(kept, weight.t(), bias)
         return _transformed_product(Aggregation(*parts), kept, weight.t(), bias, decision.width)
-    product = layer_calls.product_call(decision, *parts)
+    product = layer_calls.product_call(decision)
     # a weight or bias with a __torch_function__ of its own must see its ops: the C++ call skips it
     if product is None or has_torch_function((weight, bias)):
         return _transformed_product(Aggregation(*parts), x, weight.t(), bias, decision.width)

@@ -49,7 +49,7 @@ from torch import Tensor
 from . import _extension
 from .config import settings
 from .normalization import Normalization
-from .repeated_calls import context_allows, need_grads, switches
+from .repeated_calls import context_allows, switches
 from .repeated_calls import find as find_product
 from .tiling import TiledAdjacency
 
@@ -139,18 +139,16 @@ def decided_product(owner, adj: TiledAdjacency, h: Tensor, norm: Normalization, 
         owner.__dict__[_PENDING] = pending._replace(product=weakref.ref(kept_call))
 
 
-def product_call(decision: Decision, adj: TiledAdjacency, norm: Normalization):
+def product_call(decision: Decision):
     """The kept ``KeptSpmm`` of a ``TRANSFORMED`` decision (:func:`decided_product`) where it still
     serves this call; ``None`` where none was kept (the layer runs the product through
     ``fgplugin.spmm``); ``False`` where it was let go of (the adjacency's kept calls were
-    cleared) or the edge values or scales need a gradient now (``requires_grad_`` in place does
-    not change a version): then the layer decides afresh."""
+    cleared): then the layer decides afresh. (Edge values or scales that came to need a gradient
+    send the call the full way before: fgplugin.aggregation.aggregate_as_decided.)"""
     if decision.product is None:
         return None
     kept_call = decision.product()
-    if kept_call is None or need_grads(adj.values, *norm):
-        return False
-    return kept_call
+    return False if kept_call is None else kept_call
 
 
 class KeptLayerCall:

@@ -136,8 +136,13 @@ def test_the_first_layer_repeats_its_sparse_kept_input_bit_for_bit(device, monke
     monkeypatch.setattr(fgplugin.aggregation.Aggregation, "vector_width",
                         lambda self, features, dtype: features + 3)
     full = _spy_full_path(monkeypatch)
+    widths, transformed = [], fgplugin.aggregation._transformed_product
+    monkeypatch.setattr(fgplugin.aggregation, "_transformed_product",
+                        lambda graph, x, weight, bias, width, *args: widths.append(width)
+                        or transformed(graph, x, weight, bias, width, *args))
     outs = [conv(x, g) for _ in range(4)]
     assert len(full) == 2  # the first call notes x, the second keeps it sparse (and decides), then repeats
+    assert widths == [OUT + 3] * 4  # every call's product (the first on x itself), the repeated ones too, padded
     cache = fgplugin.input_cache.of(conv)
     assert isinstance(cache.value, fgplugin.sparse_input.SparseInput)
     decision = conv.__dict__["_fgplugin_layer_call"].decision
@@ -167,13 +172,19 @@ def test_the_first_layer_repeats_its_sparse_kept_input_bit_for_bit(device, monke
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["dense", "sparse"])
-def test_edge_values_that_come_to_need_a_gradient_get_it(device, form, monkeypatch):
-    """Edge values set to need a gradient after the layer kept its input (``requires_grad_``
-    changes no version): the next call takes the full path, which aggregates afresh, and the edge
-    values get the full path's gradient."""
+@pytest.mark.parametrize("layer", ["first dense", "first sparse", "hidden", "hidden without KeptSpmm"])
+def test_edge_values_that_come_to_need_a_gradient_get_it(device, layer, monkeypatch):
+    """Edge values set to need a gradient after the layer kept its call (``requires_grad_``
+    changes no version): the next call takes the full path, which computes the scales and any
+    kept input afresh, and the edge values get the full path's gradient. A first layer keeps its
+    input in either form; a hidden layer runs its product from the extension's ``KeptSpmm`` or,
+    without one, through ``fgplugin.spmm``."""
     conv, g, x = _bag_of_words_layer(device)
-    monkeypatch.setattr(fgplugin.config.settings, "sparse_input", "1" if form == "sparse" else "0")
+    monkeypatch.setattr(fgplugin.config.settings, "sparse_input", "1" if layer == "first sparse" else "0")
+    if layer.startswith("hidden"):
+        x = x.clone().requires_grad_()
+    if layer == "hidden without KeptSpmm":
+        monkeypatch.setattr(fgplugin._extension, "kept_spmm", None)
     for _ in range(3):
         conv(x, g)
     assert conv.__dict__.get("_fgplugin_layer_call") is not None
