@@ -112,9 +112,9 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
     if isinstance(kept, sparse_input.SparseInput):
         return _aggregate_transformed(graph, kept, weight, bias, hops, 0, owner, layer_calls.KEPT_INPUT)
     if kept is not None:
-        if weight is not None and hops == 1 and isinstance(graph, Aggregation):
+        if weight is not None and hops == 1 and isinstance(graph, Aggregation) and layer_calls.asked(owner):
             # the sparse form's width too: a repeated call serves the form the cache holds then,
-            # which a trial of the two forms switches
+            # which a trial of the two forms switches (computed only for a layer that keeps its call)
             width = graph.vector_width(weight.shape[1], _product_dtype(x, weight))
             layer_calls.decided(owner, layer_calls.KEPT_INPUT, graph.adj, graph.norm, width)
         return transform_with_bias(kept, weight, bias)

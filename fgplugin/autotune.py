@@ -258,9 +258,7 @@ def _batch_cost_ms(run, n: int, device: torch.device) -> float:
         return (time.perf_counter() - start) * 1e3 / n
     with torch.cuda.device(device):  # the events and the sleep on the run's device, not the current one
         host_s = _host_s(run, device)
-        torch.cuda.synchronize(device)
-        _hold_device(2.0 * n * host_s)
-        device_ms = time_runs(run, n)
+        device_ms = _held_batch_ms(run, n, host_s)[0]
     return device_ms if _captured.get() else max(device_ms, host_s * 1e3)
 
 
@@ -270,6 +268,14 @@ def _host_s(run, device: torch.device) -> float:
     queued = time.perf_counter()
     run()
     return time.perf_counter() - queued
+
+
+def _held_batch_ms(run, n: int, host_s: float) -> tuple[float, float]:
+    """``(device, host)`` ms per run of ``n`` runs (:func:`_device_and_host_ms`) on the current
+    CUDA device, queued while a sleep kernel holds it (``host_s``: one run's host time)."""
+    torch.cuda.synchronize()
+    _hold_device(2.0 * n * host_s)
+    return _device_and_host_ms(run, n)
 
 
 def _hold_device(seconds: float) -> None:
@@ -290,9 +296,5 @@ def device_and_host_ms(run, device: torch.device) -> tuple[float, float]:
         run()
         host_s = _host_s(run, device)
         batch = batch_for(max(time_runs(run, 1), host_s * 1e3))
-        timed = []
-        for _ in range(COST_SAMPLES):
-            torch.cuda.synchronize(device)
-            _hold_device(2.0 * batch * host_s)
-            timed.append(_device_and_host_ms(run, batch))
+        timed = [_held_batch_ms(run, batch, host_s) for _ in range(COST_SAMPLES)]
     return statistics.median(d for d, _ in timed), statistics.median(h for _, h in timed)

@@ -117,11 +117,16 @@ def deciding(owner) -> None:
     owner.__dict__[_PENDING] = None
 
 
+def asked(owner) -> bool:
+    """Whether the call under way of ``owner`` notes what it decides (:func:`deciding`)."""
+    # first: torch.compile traces aggregate(), and no kept call is made there
+    return not torch.compiler.is_compiling() and owner is not None and _PENDING in owner.__dict__
+
+
 def decided(owner, kind: str, adj: TiledAdjacency, norm: Normalization, width: int = 0) -> None:
     """Notes what :func:`fgplugin.aggregation.aggregate` decided for the call under way of
     ``owner``, a layer that asked for it (:func:`deciding`)."""
-    # first: torch.compile traces aggregate(), and no kept call is made there
-    if not torch.compiler.is_compiling() and owner is not None and _PENDING in owner.__dict__:
+    if asked(owner):
         owner.__dict__[_PENDING] = Decision(kind, weakref.ref(adj), _weak(norm), width)
 
 
