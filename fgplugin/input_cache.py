@@ -119,8 +119,11 @@ class InputCache:
         """:meth:`kept_for` for a layer's repeated call (fgplugin.layer_calls), which runs on it
         instead of :meth:`get`: where the forms are on trial, the call is counted as :meth:`get`
         counts it, and the form it is to run on is returned."""
-        if not self._reusable_for(x):
-            return None
+        return self._served() if self._reusable_for(x) else None
+
+    def _served(self):
+        """The form a call runs on, the call counted where the forms are on trial (the one place
+        a call is counted, for :meth:`get` and :meth:`kept_for_call` alike)."""
         if isinstance(self._value, FormTrial):
             self._value = self._value.on_call()
         return hold(current(self._value))
@@ -162,10 +165,7 @@ class InputCache:
             for_captured_step = self._for_captured_step  # an evaluation reads the form kept for training
         deps = (x, *deps, for_captured_step)
         if self._key is not None and self._key.matches(deps):
-            if isinstance(self._value, FormTrial):
-                self._value = self._value.on_call()
-                return hold(current(self._value))
-            return hold(self._value)
+            return self._served()
         # The first call with this x only notes it (by a weak reference and its version: cheap,
         # since a layer whose input changes every step, e.g. after dropout, comes here each time);
         # the second builds the aggregation, from and keyed by that call's graph and settings.
