@@ -67,11 +67,19 @@ def _full_path(conv, x, g):
     return conv(x, g)
 
 
+def _padded_as_on_cuda(monkeypatch):
+    """Products padded as the CUDA kernels pad wide ones (the graphs here are too small for it)."""
+    monkeypatch.setattr(fgplugin.aggregation.Aggregation, "vector_width", lambda self, features, dtype: features + 3)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("graph", ["tiled", "edge_index"])
 @pytest.mark.parametrize("cached", [False, True])
-def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, monkeypatch):
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, padded, monkeypatch):
     conv, g = _setup(device, graph, cached)
+    if padded:
+        _padded_as_on_cuda(monkeypatch)
     full = _spy_full_path(monkeypatch)
     for step in range(3):
         x = torch.randn(60, IN, device=device, requires_grad=True)  # a hidden layer's input
@@ -81,6 +89,7 @@ def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, 
         out.backward(grad)
         if step and fgplugin.extension_status().loaded:  # repeated in one step from C++ (KeptSpmm.transformed)
             assert conv.__dict__["_fgplugin_layer_call"].decision.product() is not None
+            assert out.grad_fn.name().endswith("::TransformedWrtX>")  # the whole layer one autograd node
         kept_grads = (x.grad.clone(), conv.lin.weight.grad.clone(), conv.bias.grad.clone())
         x.grad = conv.lin.weight.grad = conv.bias.grad = None
         again = _full_path(conv, x, g)
@@ -92,6 +101,90 @@ def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, 
         full.clear()  # the full path decided again: the next step repeats it
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_hidden_layers_single_node_has_the_reference_gradients_first_and_second(padded, monkeypatch):
+    """The repeated hidden-layer call's one autograd node (KeptSpmm.transformed): in float64, its
+    gradients of x, the weight and the bias, and their own gradients (create_graph), match the
+    dense reference; where only the weight needs a gradient, or none does, it is right too."""
+    if not fgplugin.extension_status().loaded:
+        pytest.skip("the single node is the extension's (KeptSpmm); the reference path has none")
+    if padded:
+        _padded_as_on_cuda(monkeypatch)
+    case = random_graph_case(3, n_src=40)
+    adj = case.adjacency()
+    conv = fp.GCNConv(IN, OUT).double()
+    with torch.no_grad():
+        conv.bias.normal_()
+    r, c, d = adj.norm("gcn", dtype=torch.float64)
+    dense = r[:, None] * (case.dense().double() + torch.diag(d)) * c[None, :]
+    layer_calls.forget(conv)
+    conv(torch.randn(40, IN, dtype=torch.float64, requires_grad=True), adj)  # decides; the next calls repeat it
+    x = torch.randn(40, IN, dtype=torch.float64, requires_grad=True)
+    out = conv(x, adj)
+    assert out.grad_fn.name().endswith("::TransformedWrtX>")
+    weight, bias = conv.lin.weight, conv.bias
+    assert rel_error(out, dense @ (x @ weight.t()) + bias) <= 1e-12
+    g = torch.randn(40, OUT, dtype=torch.float64, requires_grad=True)
+    grads = torch.autograd.grad(out, (x, weight, bias), g, create_graph=True)
+    want = (dense.t() @ g @ weight, (dense.t() @ g).t() @ x, g.sum(0))
+    assert all(rel_error(got, ref) <= 1e-12 for got, ref in zip(grads, want))
+    # second order: d<grads, v>/d(g, x, weight) against the same expressions differentiated
+    v = [torch.randn_like(t) for t in grads]
+    second = torch.autograd.grad(grads, (g, x, weight), v)
+    ref = torch.autograd.grad(want, (g, x, weight), v, allow_unused=True)
+    assert all(rel_error(got, r_) <= 1e-12 for got, r_ in zip(second, ref))
+    assert torch.autograd.gradcheck(lambda x, w, b: _repeated(conv, x, w, b), (x, weight.detach().requires_grad_(), bias.detach().requires_grad_()))
+    # x constant, the weight alone needs a gradient; then no gradient at all
+    out = conv(x.detach(), adj)
+    (grad_w,) = torch.autograd.grad(out, weight, g.detach())
+    assert rel_error(grad_w, (dense.t() @ g.detach()).t() @ x.detach()) <= 1e-12
+    with torch.no_grad():
+        assert rel_error(conv(x, adj), dense @ (x @ weight.t()) + bias) <= 1e-12
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_constant_linear_is_addmm_with_autograds_gradients(device, dtype):
+    """The first layer's repeated call on its kept aggregation (the extension's constant_linear):
+    ``addmm(b, h, W^T)`` with W and b under one node, whose output and gradients, first and
+    second, are autograd's for the addmm bit for bit; without a bias, with a bias of another
+    dtype, with an ``h`` that needs a gradient or without grad mode, the ops recorded one by one."""
+    if not fgplugin.extension_status().loaded:
+        pytest.skip("constant_linear is the extension's; the reference path calls addmm itself")
+    linear = fgplugin._extension.constant_linear
+    gen = torch.Generator().manual_seed(4)
+    h, weight, bias = (torch.randn(*shape, generator=gen, dtype=dtype).to(device) for shape in ((30, 7), (4, 7), (4,)))
+    weight.requires_grad_()
+    bias.requires_grad_()
+    out, ref = linear(h, weight, bias), torch.addmm(bias, h, weight.t())
+    assert out.grad_fn.name().endswith("::ConstantLinear>") and torch.equal(out, ref)
+    g = torch.randn(30, 4, generator=gen, dtype=dtype).to(device).requires_grad_()
+    grads = torch.autograd.grad(out, (weight, bias), g, create_graph=True)
+    ref_grads = torch.autograd.grad(ref, (weight, bias), g, create_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    v = [torch.randn_like(t) for t in grads]
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(grads, g, v), torch.autograd.grad(ref_grads, g, v)))
+    if dtype == torch.float64:
+        assert torch.autograd.gradcheck(lambda w, b: linear(h, w, b), (weight, bias))
+    for args in ((h, weight, None), (h, weight, bias.detach().float() if dtype == torch.float64 else bias.detach().double()),
+                 (h.clone().requires_grad_(), weight, bias)):
+        out = linear(*args)
+        assert not out.grad_fn.name().endswith("::ConstantLinear>")
+        want = args[0] @ weight.t() + (0 if args[2] is None else args[2])
+        assert rel_error(out, want) <= 1e-6
+        wanted = [t for t in args if t is not None and t.requires_grad]
+        assert all(rel_error(a, b) <= 1e-6 for a, b in zip(torch.autograd.grad(out, wanted, g.detach()),
+                                                           torch.autograd.grad(want, wanted, g.detach())))
+    with torch.no_grad():
+        assert torch.equal(linear(h, weight, bias), ref)
+
+
+def _repeated(conv, x, weight, bias):
+    """What conv's repeated call runs, with ``weight`` and ``bias`` for its parameters."""
+    return fgplugin.aggregation.aggregate_as_decided(conv.__dict__["_fgplugin_layer_call"].decision, conv, x,
+                                                     weight, bias)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_first_layer_repeats_its_kept_input_bit_for_bit(device, monkeypatch):
     conv, g = _setup(device)
@@ -101,10 +194,17 @@ def test_the_first_layer_repeats_its_kept_input_bit_for_bit(device, monkeypatch)
     assert len(full) == 2  # the first call notes x, the second keeps A x (and decides), then repeats
     assert fgplugin.input_cache.of(conv).holds
     assert all(torch.equal(outs[1], o) for o in outs[2:])
-    assert torch.equal(outs[-1], _full_path(conv, x, g))
-    assert rel_error(outs[-1], _stock(conv, x, g)) <= 1e-5
-    outs[-1].sum().backward()
-    assert conv.lin.weight.grad is not None and conv.bias.grad is not None
+    if fgplugin.extension_status().loaded:  # W and b recorded by one node (the extension's constant_linear)
+        assert outs[-1].grad_fn.name().endswith("::ConstantLinear>")
+    grad = torch.randn_like(outs[-1])
+    outs[-1].backward(grad)
+    kept_grads = (conv.lin.weight.grad.clone(), conv.bias.grad.clone())
+    conv.lin.weight.grad = conv.bias.grad = None
+    again = _full_path(conv, x, g)
+    again.backward(grad)
+    assert torch.equal(outs[-1], again)
+    assert all(torch.equal(a, b) for a, b in zip(kept_grads, (conv.lin.weight.grad, conv.bias.grad)))
+    assert rel_error(again, _stock(conv, x, g)) <= 1e-5
     with torch.no_grad():
         x.mul_(2)  # a new x for the input cache: its kept aggregation no longer applies
     changed = conv(x, g)
@@ -132,9 +232,7 @@ def test_the_first_layer_repeats_its_sparse_kept_input_bit_for_bit(device, monke
     was decided on."""
     conv, g, x = _bag_of_words_layer(device)
     monkeypatch.setattr(fgplugin.config.settings, "sparse_input", "1")  # the sparse form wherever it applies
-    # padded as the CUDA kernels pad wide products (the graphs here are too small for it)
-    monkeypatch.setattr(fgplugin.aggregation.Aggregation, "vector_width",
-                        lambda self, features, dtype: features + 3)
+    _padded_as_on_cuda(monkeypatch)
     full = _spy_full_path(monkeypatch)
     widths, transformed = [], fgplugin.aggregation._transformed_product
     monkeypatch.setattr(fgplugin.aggregation, "_transformed_product",
