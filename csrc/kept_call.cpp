@@ -76,8 +76,7 @@ class KeptSpmm {
                                SpmmFixed{rowptr_, col_, values_, row_scale, col_scale, diag, plan_, plan_layout_,
                                          t_rowptr_, t_col_, t_values_, t_plan_, t_plan_layout_, width_});
     }
-    const at::Tensor w = weight_pad ? at::constant_pad_nd(weight.t(), {0, weight_pad}) : weight.t();
-    return (*this)(at::matmul(x, w), row_scale, col_scale, diag, bias);
+    return (*this)(at::matmul(x, transposed_padded(weight, weight_pad)), row_scale, col_scale, diag, bias);
   }
 
   int64_t width() const { return width_; }

@@ -174,11 +174,6 @@ at::Tensor mm_grad_of_mat2(const at::Tensor& grad, const at::Tensor& mat1, const
   return column_major(mat2) ? grad.t().mm(mat1).t() : mat1.t().mm(grad);
 }
 
-// W^T padded by `pad` zero columns: the matrix x is multiplied by.
-at::Tensor transposed_padded(const at::Tensor& weight, int64_t pad) {
-  return pad ? at::constant_pad_nd(weight.t(), {0, pad}) : weight.t();
-}
-
 // A (x W^T) + b under one node (transformed_wrt_x). The backward runs the adjoint product once and
 // the two matrix products of the matmul's backward on its result; the weight's gradient is the
 // padded product's cut back to W's columns and transposed (autograd's pad and transpose nodes
@@ -238,6 +233,10 @@ at::Tensor spmm_wrt_x(const at::Tensor& rowptr, const at::Tensor& col, const Opt
 }
 
 }  // namespace
+
+at::Tensor transposed_padded(const at::Tensor& weight, int64_t pad) {
+  return pad ? at::constant_pad_nd(weight.t(), {0, pad}) : weight.t();
+}
 
 at::Tensor transformed_wrt_x(const at::Tensor& x, const at::Tensor& weight, int64_t weight_pad, const OptTensor& bias,
                              const SpmmFixed& a) {

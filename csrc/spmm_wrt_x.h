@@ -29,6 +29,10 @@ struct SpmmFixed {
   int64_t width;
 };
 
+// W^T ([F, out] of `weight`, [out, F]) padded by `pad` zero columns: the matrix a GCN layer's
+// input is multiplied by.
+at::Tensor transposed_padded(const at::Tensor& weight, int64_t pad);
+
 // A GCN hidden layer's A (x W^T) + b: `weight` ([out, F]) transposed and padded by `weight_pad`
 // zero columns, x times it, then the spmm op with `a` and the bias (whose width cuts the padding).
 // The same ATen ops and results, forward and backward, bit for bit, as recording the transpose,
