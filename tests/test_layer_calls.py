@@ -185,6 +185,20 @@ def _repeated(conv, x, weight, bias):
                                                      weight, bias)
 
 
+def _same_as_full_path(conv, x, g, out):
+    """Asserts that ``out``, a repeated call's, and its gradients of the layer's weight and bias are
+    the full path's bit for bit; returns the full path's output."""
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    kept_grads = (conv.lin.weight.grad.clone(), conv.bias.grad.clone())
+    conv.lin.weight.grad = conv.bias.grad = None
+    again = _full_path(conv, x, g)
+    again.backward(grad)
+    assert torch.equal(out, again)
+    assert all(torch.equal(a, b) for a, b in zip(kept_grads, (conv.lin.weight.grad, conv.bias.grad)))
+    return again
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_first_layer_repeats_its_kept_input_bit_for_bit(device, monkeypatch):
     conv, g = _setup(device)
@@ -196,14 +210,7 @@ def test_the_first_layer_repeats_its_kept_input_bit_for_bit(device, monkeypatch)
     assert all(torch.equal(outs[1], o) for o in outs[2:])
     if fgplugin.extension_status().loaded:  # W and b recorded by one node (the extension's constant_linear)
         assert outs[-1].grad_fn.name().endswith("::ConstantLinear>")
-    grad = torch.randn_like(outs[-1])
-    outs[-1].backward(grad)
-    kept_grads = (conv.lin.weight.grad.clone(), conv.bias.grad.clone())
-    conv.lin.weight.grad = conv.bias.grad = None
-    again = _full_path(conv, x, g)
-    again.backward(grad)
-    assert torch.equal(outs[-1], again)
-    assert all(torch.equal(a, b) for a, b in zip(kept_grads, (conv.lin.weight.grad, conv.bias.grad)))
+    again = _same_as_full_path(conv, x, g, outs[-1])
     assert rel_error(again, _stock(conv, x, g)) <= 1e-5
     with torch.no_grad():
         x.mul_(2)  # a new x for the input cache: its kept aggregation no longer applies
@@ -246,14 +253,7 @@ def test_the_first_layer_repeats_its_sparse_kept_input_bit_for_bit(device, monke
     decision = conv.__dict__["_fgplugin_layer_call"].decision
     assert decision.kind == layer_calls.KEPT_INPUT and decision.width == OUT + 3
     assert all(torch.equal(outs[1], o) for o in outs[2:])
-    grad = torch.randn_like(outs[-1])
-    outs[-1].backward(grad)
-    kept_grads = (conv.lin.weight.grad.clone(), conv.bias.grad.clone())
-    conv.lin.weight.grad = conv.bias.grad = None
-    again = _full_path(conv, x, g)
-    again.backward(grad)
-    assert torch.equal(outs[-1], again)
-    assert all(torch.equal(a, b) for a, b in zip(kept_grads, (conv.lin.weight.grad, conv.bias.grad)))
+    again = _same_as_full_path(conv, x, g, outs[-1])
     expected = _stock(conv, x, g)
     assert rel_error(again, expected) <= 1e-5
     sparse, dense = cache.value, fgplugin.ops.spmm(g, x, *g.norm("gcn", dtype=x.dtype))
