@@ -34,7 +34,8 @@ struct ConstantLinear : public torch::autograd::Function<ConstantLinear> {
     // mm_mat2_backward's choice: a column-major operand (W^T of a contiguous W) gets its gradient
     // column-major, which W^T's transpose makes W's own layout
     ctx->saved_data["column_major"] = w.stride(0) == 1 && w.stride(1) == w.size(0);
-    ctx->save_for_backward({c.h});
+    // as the addmm's node saves h: only where W needs a gradient
+    ctx->save_for_backward({weight.requires_grad() ? c.h : at::Tensor()});
     if (bias.has_value() && bias->defined()) ctx->saved_data["bias_sizes"] = bias->sizes().vec();
     return bias.has_value() && bias->defined() ? at::addmm(*bias, c.h, w) : at::mm(c.h, w);
   }

@@ -23,6 +23,7 @@
 // node, for its repeated call (csrc/kept_call.cpp): autograd would record the transpose of W, its
 // padding and the matrix product as three nodes of their own (and views and a copy of W's
 // gradient), each costing host time in a step that is bound by it.
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -166,12 +167,12 @@ struct SpmmWrtX : public torch::autograd::Function<SpmmWrtX> {
 // laid out column-major gets its gradient column-major too. Real dtypes only, as the layers'.
 bool column_major(const at::Tensor& t) { return t.stride(0) == 1 && t.stride(1) == t.size(0); }
 
-at::Tensor mm_grad_of_mat1(const at::Tensor& grad, const at::Tensor& mat1, const at::Tensor& mat2) {
-  return column_major(mat1) ? mat2.mm(grad.t()).t() : grad.mm(mat2.t());
+at::Tensor mm_grad_of_mat1(const at::Tensor& grad, bool mat1_column_major, const at::Tensor& mat2) {
+  return mat1_column_major ? mat2.mm(grad.t()).t() : grad.mm(mat2.t());
 }
 
-at::Tensor mm_grad_of_mat2(const at::Tensor& grad, const at::Tensor& mat1, const at::Tensor& mat2) {
-  return column_major(mat2) ? grad.t().mm(mat1).t() : mat1.t().mm(grad);
+at::Tensor mm_grad_of_mat2(const at::Tensor& grad, const at::Tensor& mat1, bool mat2_column_major) {
+  return mat2_column_major ? grad.t().mm(mat1).t() : mat1.t().mm(grad);
 }
 
 // A (x W^T) + b under one node (transformed_wrt_x). The backward runs the adjoint product once and
@@ -181,12 +182,21 @@ at::Tensor mm_grad_of_mat2(const at::Tensor& grad, const at::Tensor& mat1, const
 struct TransformedWrtX : public torch::autograd::Function<TransformedWrtX> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
                             const SpmmFixed& a, int64_t weight_pad) {
-    const at::Tensor w = transposed_padded(weight, weight_pad);
+    // of W detached: a view of it saved for the backward is then no view made in no-grad mode,
+    // whose base written in place (an optimizer step before the backward) would get autograd's
+    // error about such views instead of its error about saved tensors
+    const at::Tensor w = transposed_padded(weight.detach(), weight_pad);
     const at::Tensor h = at::matmul(x, w);
-    // the padded W^T is a new tensor: kept for the backward rather than padded again; W^T is a view
-    save_adjacency(ctx, a, {x, weight, weight_pad ? w : at::Tensor()});
+    // Saved as the matrix product's node saves its operands: x where W needs a gradient, W^T (as
+    // multiplied: a view of W, or the padded copy) where x does; and W for a backward that must
+    // itself be differentiable. The view keeps the forward's values where W's data is replaced
+    // (`weight.data = ...`) before the backward, as the product's node does.
+    const bool x_wants = x.requires_grad(), weight_wants = weight.requires_grad();
+    save_adjacency(ctx, a, {weight_wants ? x : at::Tensor(), x_wants ? w : at::Tensor(), x_wants ? weight : at::Tensor()});
     ctx->saved_data["features"] = h.size(1);
     ctx->saved_data["weight_pad"] = weight_pad;
+    ctx->saved_data["x_column_major"] = column_major(x);
+    ctx->saved_data["w_column_major"] = column_major(w);
     note_bias(ctx, bias);
     return spmm_below_autograd(a.rowptr, a.col, a.values, h, a.row_scale, a.col_scale, a.diag, a.plan, a.plan_layout,
                                a.t_rowptr, a.t_col, a.t_values, a.t_plan, a.t_plan_layout, bias, a.width);
@@ -196,18 +206,21 @@ struct TransformedWrtX : public torch::autograd::Function<TransformedWrtX> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[kAdjacencySaved];
-    const at::Tensor& weight = saved[kAdjacencySaved + 1];
     const int64_t weight_pad = ctx->saved_data["weight_pad"].toInt();
-    // a backward that must itself be differentiable (create_graph) pads W^T again, from W
-    const at::Tensor w = weight_pad && !at::GradMode::is_enabled() ? saved[kAdjacencySaved + 2]
-                                                                    : transposed_padded(weight, weight_pad);
     variable_list out(5);
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {
       const at::Tensor grad_h = adjoint_product(ctx, saved, grads[0], ctx->saved_data["features"].toInt());
-      if (ctx->needs_input_grad(0)) out[0] = mm_grad_of_mat1(grad_h, x, w);
+      if (ctx->needs_input_grad(0)) {
+        // a backward that must itself be differentiable (create_graph) transposes and pads W
+        // again, so that x's gradient is differentiable in W
+        const at::Tensor& weight = saved[kAdjacencySaved + 2];
+        const at::Tensor w = at::GradMode::is_enabled() ? transposed_padded(weight, weight_pad) : saved[kAdjacencySaved + 1];
+        out[0] = mm_grad_of_mat1(grad_h, ctx->saved_data["x_column_major"].toBool(), w);
+      }
       if (ctx->needs_input_grad(1)) {
-        const at::Tensor grad_w = mm_grad_of_mat2(grad_h, x, w);
-        out[1] = (weight_pad ? grad_w.narrow(1, 0, weight.size(0)) : grad_w).t();
+        const at::Tensor grad_w = mm_grad_of_mat2(grad_h, x, ctx->saved_data["w_column_major"].toBool());
+        const int64_t out_features = grad_h.size(1) - weight_pad;
+        out[1] = (weight_pad ? grad_w.narrow(1, 0, out_features) : grad_w).t();
       }
     }
     out[2] = bias_grad(ctx, grads[0], 2);
@@ -244,8 +257,12 @@ at::Tensor transformed_wrt_x(const at::Tensor& x, const at::Tensor& weight, int6
   const auto tangent = [](const at::Tensor& t) { return t._fw_grad(/*level=*/0).defined(); };
   const bool bias_given = bias.has_value() && bias->defined();
   const bool wanted = x.requires_grad() || weight.requires_grad() || (bias_given && bias->requires_grad());
-  if (!at::GradMode::is_enabled() || !wanted || adjacency_differentiated(a) || tangent(x) || tangent(weight) ||
-      (bias_given && tangent(*bias))) {
+  // Under saved-tensor hooks (activation checkpointing, offloading) the ops are recorded one by
+  // one: a non-reentrant checkpoint matches the tensors its recomputation saves with those the
+  // forward saved, and a layer's first call (its full path) records them one by one.
+  const bool hooks = !at::SavedTensorDefaultHooks::get_tls_state().stack.empty();
+  if (!at::GradMode::is_enabled() || !wanted || hooks || adjacency_differentiated(a) || tangent(x) ||
+      tangent(weight) || (bias_given && tangent(*bias))) {
     // the ops one by one, each recorded by its own node (spmm_wrt_x's covers every case)
     return spmm_wrt_x(a.rowptr, a.col, a.values, at::matmul(x, transposed_padded(weight, weight_pad)), a.row_scale,
                       a.col_scale, a.diag, a.plan, a.plan_layout, a.t_rowptr, a.t_col, a.t_values, a.t_plan,

@@ -142,6 +142,44 @@ def test_a_hidden_layers_single_node_has_the_reference_gradients_first_and_secon
         assert rel_error(conv(x, adj), dense @ (x @ weight.t()) + bias) <= 1e-12
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_hidden_layers_single_node_saves_what_the_full_path_does(padded, monkeypatch):
+    """The single node saves what the ops it replaces save, no more: a checkpointed layer's
+    recomputation (which matches the tensors it saves with the forward's, and follows a first call
+    that took the full path) works from the first step; x's gradient uses the weight the forward
+    used when the weight's data is replaced before the backward; with the weight frozen, x is
+    neither kept alive nor checked for writes until the backward."""
+    if not fgplugin.extension_status().loaded:
+        pytest.skip("the single node is the extension's (KeptSpmm); the reference path has none")
+    if padded:
+        _padded_as_on_cuda(monkeypatch)
+    conv, g = _setup("cpu")
+    x = torch.randn(60, IN, requires_grad=True)
+    for step in range(3):  # step 0: the forward takes the full path, its recomputation the kept call
+        out = torch.utils.checkpoint.checkpoint(conv, x, g, use_reentrant=False)
+        out.sum().backward()
+    layer_calls.forget(conv)
+    expected = _full_path(conv, x, g)  # the reference: full path, then the weight's data replaced
+    (want,) = torch.autograd.grad(expected, x, torch.ones_like(expected))
+    out = conv(x, g)
+    assert out.grad_fn.name().endswith("::TransformedWrtX>")
+    conv.lin.weight.data = conv.lin.weight.data * 2
+    (got,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    assert torch.equal(got, want)
+    conv.lin.weight.requires_grad_(False)
+    _full_path(conv, x * 1, g)  # decided with a frozen weight; the next call repeats it
+    hidden = x * 1
+    out = conv(hidden, g)
+    assert out.grad_fn.name().endswith("::TransformedWrtX>")
+    alive = weakref.ref(hidden)
+    with torch.no_grad():
+        hidden.mul_(2)  # the matrix product's node would not have saved it: no error
+    del hidden
+    assert alive() is None
+    out.sum().backward()
+    assert x.grad is not None
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_constant_linear_is_addmm_with_autograds_gradients(device, dtype):
