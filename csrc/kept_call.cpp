@@ -19,9 +19,7 @@
 #include <vector>
 
 #include "common.h"
-#include "constant_linear.h"
 #include "op_handles.h"
-#include "spmm_wrt_x.h"
 
 namespace fgplugin {
 namespace {
@@ -65,18 +63,13 @@ class KeptSpmm {
 
   // A GCN layer's A (x W^T) + b: x times its linear map's weight ([out, F], transposed and padded
   // by `weight_pad` zero columns), then the call above. The same ATen ops as the layer's Python
-  // path (fgplugin/aggregation.py's _transformed_product), so the same results, bit for bit; here
-  // they cost no Python dispatch (fgplugin/layer_calls.py keeps this call), and where the call
-  // records the gradient of x the whole layer is one autograd node (transformed_wrt_x).
+  // path (fgplugin/aggregation.py's _transformed_product), so the same autograd nodes and results,
+  // bit for bit; here they cost no Python dispatch (fgplugin/layer_calls.py keeps this call).
   at::Tensor transformed(const at::Tensor& x, const at::Tensor& weight, int64_t weight_pad, const OptTensor& row_scale,
                          const OptTensor& col_scale, const OptTensor& diag, const OptTensor& bias) const {
     TORCH_CHECK(weight_pad >= 0, "KeptSpmm.transformed: weight_pad must be >= 0, got ", num(weight_pad));
-    if (wrt_x_ && pad_ == 0) {
-      return transformed_wrt_x(x, weight, weight_pad, bias,
-                               SpmmFixed{rowptr_, col_, values_, row_scale, col_scale, diag, plan_, plan_layout_,
-                                         t_rowptr_, t_col_, t_values_, t_plan_, t_plan_layout_, width_});
-    }
-    return (*this)(at::matmul(x, transposed_padded(weight, weight_pad)), row_scale, col_scale, diag, bias);
+    const at::Tensor w = weight_pad ? at::constant_pad_nd(weight.t(), {0, weight_pad}) : weight.t();
+    return (*this)(at::matmul(x, w), row_scale, col_scale, diag, bias);
   }
 
   int64_t width() const { return width_; }
@@ -132,12 +125,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("width", &KeptSpmm::width)
       .def_property_readonly("pad", &KeptSpmm::pad)
       .def_property_readonly("wrt_x", &KeptSpmm::wrt_x);
-  m.def(
-      "constant_linear",
-      [](const at::Tensor& h, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-        pybind11::gil_scoped_release no_gil;
-        return fgplugin::constant_linear(h, weight, bias);
-      },
-      "h W^T + b for a constant h under one autograd node (csrc/constant_linear.h)", pybind11::arg("h"),
-      pybind11::arg("weight"), pybind11::arg("bias"));
 }

@@ -62,7 +62,6 @@ class ExtensionStatus:
 
 status = ExtensionStatus()
 kept_spmm = None  # the extension's KeptSpmm class (csrc/kept_call.cpp) once loaded; not on status, which is plain data
-constant_linear = None  # the extension's constant_linear (csrc/constant_linear.h) once loaded
 
 
 def source_dir() -> Path:
@@ -185,7 +184,7 @@ def _exclusive(path: Path):
 
 def load() -> ExtensionStatus:
     """Build (first time) and load the kernels into ``torch.ops.fgplugin``; never raises."""
-    global kept_spmm, constant_linear
+    global kept_spmm
     if status.loaded or status.reason:
         return status
     if not config.settings.build_extension:
@@ -206,7 +205,7 @@ def load() -> ExtensionStatus:
             stacklevel=3,
         )
         return status
-    kept_spmm, constant_linear = module.KeptSpmm, module.constant_linear
+    kept_spmm = module.KeptSpmm
     status.loaded = True
     status.cuda = with_cuda
     if not with_cuda and torch.version.cuda is not None:

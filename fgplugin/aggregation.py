@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 from torch.overrides import has_torch_function
 
-from . import _extension, input_cache, layer_calls, ops, sparse_input
+from . import input_cache, layer_calls, ops, sparse_input
 from .normalization import Normalization
 from .ops import padded_width
 from .repeated_calls import need_grads
@@ -136,20 +136,16 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     # path computes them afresh. Asked before the input cache counts a call on trial.
     if parts is None or need_grads(parts[0].values, *parts[1]):
         return None
-    # the repeated calls from C++ (W and b recorded by one autograd node) skip Python's dispatch:
-    # a weight or bias with a __torch_function__ of its own must see its ops
-    from_cpp = not has_torch_function((weight, bias))
     if decision.kind == layer_calls.KEPT_INPUT:  # in the form the input cache holds now
         kept = input_cache.of(owner).kept_for_call(x)
         if kept is None:
             return None
-        if not isinstance(kept, Tensor):
-            return _transformed_product(Aggregation(*parts), kept, weight.t(), bias, decision.width)
-        if _extension.constant_linear is None or not from_cpp:
+        if isinstance(kept, Tensor):
             return transform_with_bias(kept, weight.t(), bias)
-        return _extension.constant_linear(kept, weight, bias)
+        return _transformed_product(Aggregation(*parts), kept, weight.t(), bias, decision.width)
     product = layer_calls.product_call(decision)
-    if product is None or not from_cpp:
+    # a weight or bias with a __torch_function__ of its own must see its ops: the C++ call skips it
+    if product is None or has_torch_function((weight, bias)):
         return _transformed_product(Aggregation(*parts), x, weight.t(), bias, decision.width)
     if product is False:
         return None
