@@ -67,6 +67,22 @@ def _full_path(conv, x, g):
     return conv(x, g)
 
 
+def _same_as_full_path(conv, x, g, out):
+    """Asserts that ``out``, a repeated call's, and its gradients of ``x`` (where it needs one) and of
+    the layer's weight and bias are the full path's bit for bit; returns the full path's output."""
+    leaves = (x, conv.lin.weight, conv.bias) if x.requires_grad else (conv.lin.weight, conv.bias)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    kept_grads = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    again = _full_path(conv, x, g)
+    again.backward(grad)
+    assert torch.equal(out, again)
+    assert all(torch.equal(a, t.grad) for a, t in zip(kept_grads, leaves))
+    return again
+
+
 def _padded_as_on_cuda(monkeypatch):
     """Products padded as the CUDA kernels pad wide ones (the graphs here are too small for it)."""
     monkeypatch.setattr(fgplugin.aggregation.Aggregation, "vector_width", lambda self, features, dtype: features + 3)
@@ -85,16 +101,9 @@ def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, 
         x = torch.randn(60, IN, device=device, requires_grad=True)  # a hidden layer's input
         out = conv(x, g)
         assert len(full) == (step == 0)  # decided once, then repeated
-        grad = torch.randn_like(out)
-        out.backward(grad)
         if step and fgplugin.extension_status().loaded:  # repeated in one step from C++ (KeptSpmm.transformed)
             assert conv.__dict__["_fgplugin_layer_call"].decision.product() is not None
-        kept_grads = (x.grad.clone(), conv.lin.weight.grad.clone(), conv.bias.grad.clone())
-        x.grad = conv.lin.weight.grad = conv.bias.grad = None
-        again = _full_path(conv, x, g)
-        again.backward(grad)
-        assert torch.equal(out, again)
-        assert all(torch.equal(a, b) for a, b in zip(kept_grads, (x.grad, conv.lin.weight.grad, conv.bias.grad)))
+        _same_as_full_path(conv, x, g, out)
         conv.lin.weight.grad = conv.bias.grad = None
         assert rel_error(out, _stock(conv, x, g)) <= 1e-5
         full.clear()  # the full path decided again: the next step repeats it
@@ -135,20 +144,6 @@ def test_a_hidden_layers_repeated_call_saves_what_the_full_path_does(padded, mon
     assert alive() is None
     out.sum().backward()
     assert x.grad is not None
-
-
-def _same_as_full_path(conv, x, g, out):
-    """Asserts that ``out``, a repeated call's, and its gradients of the layer's weight and bias are
-    the full path's bit for bit; returns the full path's output."""
-    grad = torch.randn_like(out)
-    out.backward(grad)
-    kept_grads = (conv.lin.weight.grad.clone(), conv.bias.grad.clone())
-    conv.lin.weight.grad = conv.bias.grad = None
-    again = _full_path(conv, x, g)
-    again.backward(grad)
-    assert torch.equal(out, again)
-    assert all(torch.equal(a, b) for a, b in zip(kept_grads, (conv.lin.weight.grad, conv.bias.grad)))
-    return again
 
 
 @pytest.mark.parametrize("device", DEVICES)
