@@ -12,7 +12,10 @@ When a layer uses it (all must hold, else the layer runs as without it, at no ex
 
 - ``x`` and every tensor the aggregation reads (edge weights, a sparse input's values) need no
   gradient, and no autograd-changing context is active (``torch.compile`` tracing,
-  ``torch.func`` transforms, inference mode);
+  ``torch.func`` transforms, inference mode, saved-tensor hooks: a layer under non-reentrant
+  activation checkpointing recomputes its forward in the backward pass, which must save what the
+  forward saved, so neither may be the call that keeps or first reuses ``A x``; torch 2.7 and
+  later can be asked for the hooks, so on older torch turn the cache off for such models);
 - the call is the second one in a row to see the same ``x`` object, unchanged since (its
   ``_version``), over the same graph object and normalization: the aggregation is built then, so a
   model called once (inference) never pays for a wider SpMM it will not reuse;
@@ -215,13 +218,24 @@ def of(module: torch.nn.Module) -> InputCache:
 
 def _context_allows() -> bool:
     """Whether this call's context lets the cache be used at all (compiling, inference mode,
-    functorch transforms and the switch say no: a call there runs as without the cache and leaves
-    it as it is; an evaluation under ``torch.inference_mode()`` between training steps must not
-    drop what the training steps keep)."""
+    functorch transforms, saved-tensor hooks and the switch say no: a call there runs as without
+    the cache and leaves it as it is; an evaluation under ``torch.inference_mode()`` between
+    training steps must not drop what the training steps keep)."""
     if torch.compiler.is_compiling():  # first: what follows is not traced
         return False
     return settings.input_cache and not in_inference_mode() and \
-        not torch._C._are_functorch_transforms_active()  # torch.func.grad / vmap
+        not torch._C._are_functorch_transforms_active() and \
+        not _saved_tensor_hooks_active()  # torch.func.grad / vmap; checkpointing, save_on_cpu
+
+
+_top_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
+def _saved_tensor_hooks_active() -> bool:
+    """Whether default saved-tensor hooks are active (``torch.autograd.graph.saved_tensors_hooks``:
+    non-reentrant checkpointing's forward and its recomputation, ``save_on_cpu``). Torch before
+    2.7 has no way to ask: there this says no."""
+    return _top_saved_tensor_hooks is not None and _top_saved_tensor_hooks(True) is not None
 
 
 def _constant(x) -> bool:

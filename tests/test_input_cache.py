@@ -178,6 +178,39 @@ def test_evaluation_in_inference_mode_keeps_the_training_aggregation(spmm_calls)
     assert len(spmm_calls) == calls  # the training step still reads the kept aggregation
 
 
+@pytest.mark.parametrize("config", LAYERS)
+def test_checkpointed_layers_train_as_stock_from_the_first_step(config, spmm_calls):
+    """Under non-reentrant activation checkpointing (saved-tensor hooks) the cache is neither
+    filled nor read: the backward's recomputation must save what the forward saved, so a first
+    layer trains from step 0 as the stock layer does, also after earlier unchecked steps kept
+    A x, which stays kept for the unchecked calls after them."""
+    ei, n = graph()
+    stock, ours = pair(config)
+    x = torch.randn(n, stock.in_channels)
+    opt_s = torch.optim.Adam(stock.parameters(), lr=0.05)
+    opt_o = torch.optim.Adam(ours.parameters(), lr=0.05)
+    target = torch.randn(n, stock.out_channels)
+    for step in range(7):
+        checkpointed = step < 3 or step >= 5  # steps 3 and 4 keep A x; 5 and 6 run beside it
+        kept = input_cache.of(ours).value
+        before = len(spmm_calls)
+        for model, opt in ((stock, opt_s), (ours, opt_o)):
+            opt.zero_grad()
+            out = torch.utils.checkpoint.checkpoint(model, x, ei, use_reentrant=False) if checkpointed \
+                else model(x, ei)
+            ((out - target) ** 2).mean().backward()
+            opt.step()
+        if checkpointed:
+            assert input_cache.of(ours).value is kept, step
+            assert len(spmm_calls) > before, step  # aggregated in the forward and again in the backward
+        for (name, p_s), p_o in zip(stock.named_parameters(), ours.parameters()):
+            assert rel_err(p_o, p_s) < TOL, (step, name)
+    assert input_cache.of(ours).holds
+    calls = len(spmm_calls)
+    ours(x, ei)
+    assert len(spmm_calls) == calls  # unchecked again: the kept aggregation serves
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_an_aggregation_kept_under_autocast_serves_only_that_precision(dtype):
     """Kept under autocast it is a 16-bit tensor: a float32 call (evaluation after mixed-precision
