@@ -3,8 +3,12 @@
 An entry is one file: a fixed header line with the payload's SHA-256 and length, then the
 payload (``torch.save`` of the object). It is written to a temporary file in the same folder and
 moved into place with ``os.replace``, so a crash mid-write never leaves a half entry under the
-real name. On load, a wrong checksum or length (a corrupt or truncated file) or a key that does
-not match (an entry of an older format) is reported with a warning, removed and rebuilt.
+real name. On load, a header that is not ours, a wrong checksum or length (a corrupt or truncated
+file), a key that does not match (a file renamed or copied over) or a payload that does not load
+is reported with a warning, removed and rebuilt. A file's name is its key, and the key covers the
+format of what is cached (fgplugin.preprocess.CACHE_FORMAT): entries of an older format sit under
+other names and are never read; delete the folder to reclaim their space. Temporary files left by
+a process killed mid-write are removed by the next write to the folder once an hour old.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import hashlib
 import io
 import os
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -59,6 +64,7 @@ def save_entry(path: Path, key: str, obj: Any) -> None:
     torch.save(obj, buffer)
     payload = buffer.getvalue()
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_writes(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -72,6 +78,19 @@ def save_entry(path: Path, key: str, obj: Any) -> None:
         raise
 
 
+ABANDONED_AFTER_S = 3600  # a temporary file this old is no write in progress: a killed process's
+
+
+def _remove_abandoned_writes(folder: Path) -> None:
+    now = time.time()
+    for tmp in folder.glob("*.pt*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > ABANDONED_AFTER_S:
+                tmp.unlink()
+        except OSError:  # gone meanwhile, or not ours to remove
+            pass
+
+
 def load_entry(path: Path, key: str) -> Any | None:
     """The cached object, or None when absent; an unusable entry warns and is removed."""
     try:
@@ -81,12 +100,17 @@ def load_entry(path: Path, key: str) -> Any | None:
     except FileNotFoundError:
         return None
     fields = header.rstrip(b"\n").decode(errors="replace").split(" ")
-    if len(fields) != 4 or fields[0] != FORMAT or fields[1] != key:
-        problem = "stale (written for other inputs or by another fgplugin version)"
+    if len(fields) != 4 or fields[0] != FORMAT:
+        problem = "corrupt (no fgplugin cache header) or written by another fgplugin version"
+    elif fields[1] != key:
+        problem = "stale (written for other inputs)"
     elif fields[3] != str(len(payload)) or fields[2] != hashlib.sha256(payload).hexdigest():
         problem = "corrupt (checksum or length mismatch)"
     else:
-        return torch.load(io.BytesIO(payload), weights_only=True)
+        try:
+            return torch.load(io.BytesIO(payload), weights_only=True)
+        except Exception as err:  # noqa: BLE001 (an unpickling or the object's own load-time check)
+            problem = f"unloadable ({type(err).__name__}: {err})"
     warnings.warn(f"fgplugin cache entry {path} is {problem}; rebuilding it", CacheWarning, stacklevel=3)
     try:
         path.unlink(missing_ok=True)

@@ -41,24 +41,44 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
     """
     from .reorder import reorder
 
+    cache = check_cache_option(cache)
     edge_index = check_edge_index(edge_index)
+    # Weights that need a gradient are applied after the cache (with_values, through the edge
+    # order kept): a loaded copy of them would carry no gradient back to the user's tensor, and
+    # learnable weights change every step, so an entry keyed on their values would never be read.
+    learnable = isinstance(edge_weight, torch.Tensor) and edge_weight.requires_grad and cache is not False
+    built_with = None if learnable else edge_weight
 
     def build() -> TiledAdjacency:
         perm = reorder(edge_index, method, num_nodes=num_nodes, parts=parts, seed=seed)
-        return TiledAdjacency.from_edge_index(inverse_permutation(perm)[edge_index], num_nodes, edge_weight,
-                                              tile_size=tile_size, threshold=threshold, perm=perm)
+        return TiledAdjacency.from_edge_index(inverse_permutation(perm)[edge_index], num_nodes, built_with,
+                                              tile_size=tile_size, threshold=threshold, perm=perm,
+                                              keep_edge_order=learnable)
 
     if cache is False:
         return build()
-    folder = default_cache_dir() if cache is True else Path(cache)
-    key = cache_key(edge_index, num_nodes, edge_weight, method=method, parts=parts, seed=seed, tile_size=tile_size,
-                    threshold=threshold)
-    adj = cached(folder / f"{key}.pt", key, lambda: build().cpu())
-    return adj.to(edge_index.device)
+    folder = default_cache_dir() if cache is True else Path(cache).expanduser()
+    key = cache_key(edge_index, num_nodes, built_with, method=method, parts=parts, seed=seed, tile_size=tile_size,
+                    threshold=threshold, learnable_weights=learnable)
+    adj = cached(folder / f"{key}.pt", key, lambda: build().cpu()).to(edge_index.device)
+    return adj.with_values(edge_weight) if learnable else adj
+
+
+def check_cache_option(cache):
+    """``cache`` as :func:`reorder_graph` takes it (``None`` reads as ``False``), or a TypeError
+    naming what it accepts."""
+    if cache is None:
+        return False
+    if isinstance(cache, bool) or isinstance(cache, (str, os.PathLike)):
+        return cache
+    raise TypeError(f"cache= takes False (no disk cache), True (the default folder, $FGPLUGIN_CACHE_DIR) or a "
+                    f"folder path, got {cache!r}")
 
 
 def cache_key(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.Tensor | None = None, *,
               method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,
-              threshold: float | str = "auto") -> str:
-    """The disk-cache key of :func:`reorder_graph` for these arguments (entry: ``<key>.pt``)."""
-    return tensor_digest(CACHE_FORMAT, edge_index, num_nodes, edge_weight, method, parts, seed, tile_size, threshold)
+              threshold: float | str = "auto", learnable_weights: bool = False) -> str:
+    """The disk-cache key of :func:`reorder_graph` for these arguments (entry: ``<key>.pt``);
+    ``learnable_weights``: an entry of the structure alone, the weights applied after loading."""
+    return tensor_digest(CACHE_FORMAT, edge_index, num_nodes, edge_weight, method, parts, seed, tile_size, threshold,
+                         *(("learnable weights",) if learnable_weights else ()))

@@ -86,3 +86,32 @@ def test_failed_write_leaves_no_partial_entry(tmp_path):
     with pytest.raises(Exception):
         save_entry(tmp_path / "entry.pt", "k", Unpicklable())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_unloadable_or_foreign_entries_are_reported_and_rebuilt(tmp_path):
+    path = tmp_path / "entry.pt"
+    save_entry(path, "key-1", {"value": torch.arange(3)})
+    header, payload = path.read_bytes().split(b"\n", 1)
+    payload = b"not a torch file" + payload[16:]  # a payload that passes its checksum but does not load
+    import hashlib
+    fields = header.split(b" ")
+    fields[2], fields[3] = hashlib.sha256(payload).hexdigest().encode(), str(len(payload)).encode()
+    path.write_bytes(b" ".join(fields) + b"\n" + payload)
+    with pytest.warns(CacheWarning, match="unloadable"):
+        assert cached(path, "key-1", lambda: {"value": torch.arange(5)})["value"].numel() == 5
+    assert load_entry(path, "key-1")["value"].numel() == 5
+    path.write_bytes(b"garbage without a header")
+    with pytest.warns(CacheWarning, match="no fgplugin cache header"):
+        assert load_entry(path, "key-1") is None
+
+
+def test_a_killed_writes_temporary_file_is_removed_once_old(tmp_path):
+    import os
+    import time
+    old, fresh = tmp_path / "a.ptxyz.tmp", tmp_path / "b.ptxyz.tmp"
+    for f in (old, fresh):
+        f.write_bytes(b"partial")
+    stamp = time.time() - 2 * 3600
+    os.utime(old, (stamp, stamp))
+    save_entry(tmp_path / "c.pt", "k", torch.arange(2))
+    assert not old.exists() and fresh.exists()  # a fresh one may be another process's write in progress

@@ -82,3 +82,99 @@ def test_pre_transform_saved_and_reloaded(tmp_path):
     x = torch.randn(again.num_nodes, 4)
     assert torch.equal(fgplugin.spmm(again.adj_t, x), fgplugin.spmm(first.adj_t, x))
     assert again.to("cpu").adj_t.device.type == "cpu"
+
+
+def test_attributes_holding_node_ids_are_renumbered():
+    """PyG's node-id attributes (``*index`` keys, ``face``) get the new ids, in their order."""
+    data = _data(n=30, e=120)
+    data.face = torch.randint(0, 30, (3, 12))
+    data.edge_label_index = torch.randint(0, 30, (2, 7))
+    out = BlockReorder(method="degsort")(data)
+    for key in ("face", "edge_label_index"):
+        assert torch.equal(out.perm[out[key]], data[key]), key
+        assert torch.equal(out.pos[out[key]], data.pos[data[key]]), key  # the same nodes
+    bad = _data(n=30, e=120)
+    bad.edge_label_index = torch.tensor([[0, 30], [1, 2]])
+    with pytest.raises(ValueError, match="edge_label_index.*outside"):
+        BlockReorder()(bad)
+    bad.edge_label_index = torch.tensor([[0.0, 1.0], [1.0, 2.0]])
+    with pytest.raises(TypeError, match="edge_label_index.*dtype"):
+        BlockReorder()(bad)
+
+
+def test_as_many_nodes_as_edges_keeps_edge_weights_with_their_edges():
+    """With as many nodes as edges PyG tells edge attributes by name: the weights' key is never
+    permuted as a node attribute, and the keys ruled by name are named in a warning."""
+    n = 6
+    edge_index = torch.tensor([[0, 0, 0, 1, 2, 4], [1, 2, 3, 2, 3, 5]])
+    data = Data(x=torch.randn(n, 2), edge_index=edge_index, w=torch.arange(1.0, 7.0), score=torch.arange(6.0),
+                num_nodes=n)
+    with pytest.warns(UserWarning, match=r"\['score'\]"):
+        out = BlockReorder(method="degsort", edge_weight_key="w")(data)
+    assert torch.equal(out.w, data.w) and torch.equal(out.score, data.score[out.perm])
+    rebuilt = fgplugin.TiledAdjacency.from_edge_index(out.edge_index, n, out.w)
+    x = torch.randn(n, 3)
+    assert torch.equal(fgplugin.spmm(out.adj_t, x), fgplugin.spmm(rebuilt, x))
+
+
+def test_lists_and_arrays_per_node_are_permuted():
+    np = pytest.importorskip("numpy")
+    data = _data(n=40, e=200)
+    data.raw_texts = [f"node {i}" for i in range(40)]
+    data.feat_np = np.arange(40) * 10
+    out = BlockReorder(method="degsort")(data)
+    assert out.raw_texts == [f"node {i}" for i in out.perm.tolist()]
+    assert (out.feat_np == out.perm.numpy() * 10).all()
+
+
+def test_batches_and_a_missing_weight_key_are_refused():
+    from torch_geometric.data import Batch
+    batch = Batch.from_data_list([_data(n=20, e=60, seed=s) for s in range(3)])
+    with pytest.raises(ValueError, match="not a batch"):
+        BlockReorder()(batch)
+    with pytest.raises(KeyError, match="edge_weight_key='weights'"):
+        BlockReorder(edge_weight_key="weights")(_data())
+    del_weight = _data()
+    del del_weight.edge_weight
+    assert BlockReorder()(del_weight).adj_t.values is None  # the default key may be absent: unit weights
+
+
+def test_cache_option_is_checked_and_learnable_weights_keep_their_gradient(tmp_path, monkeypatch):
+    with pytest.raises(TypeError, match="cache= takes"):
+        BlockReorder(cache=1)
+    assert BlockReorder(cache=None).cache is False
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    data = _data(n=50, e=300)
+    BlockReorder(method="degsort", cache="~/fgcache")(data)
+    assert len(list((tmp_path / "fgcache").glob("*.pt"))) == 1 and not (tmp_path / "~").exists()
+    x = torch.randn(50, 3)
+    grads = []
+    for cache in (False, tmp_path / "learnable", tmp_path / "learnable"):  # built, then read from the cache
+        w = data.edge_weight.clone().requires_grad_()
+        adj = fgplugin.preprocess.reorder_graph(data.edge_index, 50, w, method="degsort", cache=cache)
+        fgplugin.spmm(adj, x[adj.perm]).sum().backward()
+        grads.append(w.grad)
+    assert all(g is not None and torch.allclose(g, grads[0]) for g in grads)
+    assert len(list((tmp_path / "learnable").glob("*.pt"))) == 1
+
+
+def test_dgl_transform_keeps_the_id_type_and_refuses_batches():
+    import os
+    try:
+        import fgplugin.dgl as fd
+    except ImportError as err:  # CI installs DGL: there a broken shim must fail, not skip
+        if os.environ.get("CI", "").lower() in ("true", "1"):
+            raise
+        pytest.skip(f"DGL is not usable here: {err}")
+    dgl = fd.import_dgl()
+    data = _data(n=40, e=200)
+    g = dgl.graph((data.edge_index[0], data.edge_index[1]), num_nodes=40, idtype=torch.int32)
+    g.ndata["x"], g.edata["w"] = data.x, data.edge_weight
+    out = fd.BlockReorder(method="degsort")(g)
+    perm = out.ndata["perm"]
+    assert out.idtype == torch.int32 and torch.equal(out.ndata["x"], data.x[perm])
+    src, dst = out.edges(order="eid")
+    assert torch.equal(perm[src.long()], data.edge_index[0]) and torch.equal(out.edata["w"], data.edge_weight)
+    with pytest.raises(ValueError, match="not a batch of 2"):
+        fd.BlockReorder()(dgl.batch([g, g]))

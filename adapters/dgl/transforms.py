@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from fgplugin.preprocess import reorder_graph
+from fgplugin.preprocess import check_cache_option, reorder_graph
 
 from ._import_shim import import_dgl
 from .convs import Structure
@@ -16,10 +16,10 @@ class BlockReorder(BaseTransform):
     r"""Reorders the nodes of a homogeneous ``DGLGraph`` so that its adjacency forms dense tiles.
 
     Returns a new graph whose node ``i`` is node ``perm[i]`` of the input: every ``ndata`` field
-    is permuted, edges keep their order (so ``edata`` stays with its edges), and
+    is permuted, edges keep their order (so ``edata`` stays with its edges), the id type is kept, and
     ``ndata["perm"]`` / ``ndata["inv_perm"]`` hold the permutation (new -> old / old -> new;
     composed when applied twice). The tiled adjacency is built once and cached on the graph, where
-    ``fgplugin.dgl``'s layers find it.
+    ``fgplugin.dgl``'s layers find it. Use it on single graphs: a batch (``dgl.batch``) is refused.
 
     Args:
         method, parts, seed, tile_size, threshold, cache: as for
@@ -30,18 +30,21 @@ class BlockReorder(BaseTransform):
     def __init__(self, method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,
                  threshold: float | str = "auto", cache=False):
         self.method, self.parts, self.seed = method, parts, seed
-        self.tile_size, self.threshold, self.cache = tile_size, threshold, cache
+        self.tile_size, self.threshold, self.cache = tile_size, threshold, check_cache_option(cache)
 
     def __call__(self, g):
         if not g.is_homogeneous:
             raise TypeError("BlockReorder handles homogeneous DGL graphs (one node and one edge type); reorder "
                             "each relation's graph separately or use dgl.to_homogeneous first")
+        if g.batch_size > 1:
+            raise ValueError(f"BlockReorder reorders one graph, not a batch of {g.batch_size}: its ordering would "
+                             "mix the graphs' nodes. Apply it to each graph before dgl.batch")
         n = g.num_nodes()
         src, dst = g.edges(order="eid")
         adj = reorder_graph(torch.stack([src, dst]), n, method=self.method, parts=self.parts, seed=self.seed,
                             tile_size=self.tile_size, threshold=self.threshold, cache=self.cache)
-        perm, inv_perm = adj.perm, adj.inv_perm
-        out = dgl.graph((inv_perm[src], inv_perm[dst]), num_nodes=n, device=g.device)
+        perm, new_ids = adj.perm, adj.inv_perm.to(g.idtype)  # the id type kept: dgl.batch needs one for all graphs
+        out = dgl.graph((new_ids[src], new_ids[dst]), num_nodes=n, idtype=g.idtype, device=g.device)
         for key, value in g.ndata.items():
             if key not in ("perm", "inv_perm"):
                 out.ndata[key] = value[perm.to(value.device)]
