@@ -18,7 +18,10 @@ What capture needs, and what this does about it:
   the data by copying into them in place (``data.x.copy_(...)``), not by passing new tensors.
   The step notices an in-place change (a tensor's ``_version``, a ``TiledAdjacency``'s edge
   values): that call trains eagerly and captures the step again (the first layer's kept
-  aggregation of the old input is not read any more).
+  aggregation of the old input is not read any more). What ``model`` and ``loss_fn`` read from
+  elsewhere (an index tensor the loss closes over, a buffer) is read at its captured address
+  too, and a change to it is not seen: change such tensors in place, at the same size (a new
+  tensor bound to the same name is never read by the replays).
 - **Hyperparameters.** An Adam or AdamW whose update reads its learning rate from the GPU
   (``capturable`` or ``fused``, as below) gets ``lr`` as a one-element CUDA tensor, which
   learning-rate schedulers update in place, so replays follow them. Any other change to a param
@@ -82,15 +85,14 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
         _fall_back(f"CUDA graphs need the model and inputs on a CUDA device, not {step.device}")
         for _ in range(warmup):  # the same training as a captured step's
             step.eager()
-        return step.eager
+        return step
     step.prepare_optimizer()
     try:
         step.warm_up(warmup)
     except Exception:
         step.restore_optimizer()
         raise  # an eager training step failed: the user's model or loss, not the capture
-    if not step.capture():
-        return step.eager
+    step.capture()  # where it fails, the step runs eagerly (step.graph is None)
     return step
 
 
@@ -101,9 +103,9 @@ MAX_CAPTURES_IN_A_ROW = 3
 
 
 class _GraphedStep:
-    """What :func:`graphed_step` returns where the capture succeeds: ``step()`` replays the
-    captured step; ``step.graph`` is the CUDA graph in use (``None`` once it runs eagerly),
-    ``step.captures`` how many were made."""
+    """What :func:`graphed_step` returns: ``step()`` replays the captured step, or trains eagerly
+    where there is none; ``step.graph`` is the CUDA graph in use (``None`` where the step runs
+    eagerly), ``step.captures`` how many were made."""
 
     def __init__(self, model, optimizer, loss_fn, inputs, autocast, before_step):
         self.model, self.optimizer, self.loss_fn, self.inputs = model, optimizer, loss_fn, inputs
@@ -113,6 +115,7 @@ class _GraphedStep:
         self._holds: list = []  # what the graph reads from fgplugin's caches (capture_holds)
         self._fused: list[dict] = []  # the param groups switched here, switched back for eager steps
         self._tensor_lrs: list[dict] = []
+        self._capturable: list[dict] = []
         self._captures_in_a_row = 0
         self.captures = 0  # captures made (the first, and one per change seen since)
 
@@ -150,27 +153,36 @@ class _GraphedStep:
     def prepare_optimizer(self) -> None:
         """The optimizer's settings for a capture (again before each: load_state_dict and
         add_param_group bring groups without them)."""
-        _make_capturable(self.optimizer)
+        self._capturable.extend(_make_capturable(self.optimizer))
         self._fused.extend(_use_fused_kernel(self.optimizer))
         self._tensor_lrs.extend(_lr_on_device(self.optimizer))
 
     def restore_optimizer(self) -> None:
-        _restore(self.optimizer, self._fused, self._tensor_lrs)
+        _restore(self.optimizer, self._fused, self._tensor_lrs, self._capturable)
 
     def capture(self) -> bool:
         """Captures the step (after a warm-up). Where the capture fails: restores the optimizer,
         says why once, and returns False (the step runs eagerly)."""
+        first_error = None  # the step's own error: ending the capture after it fails too, and says less
         try:
             self.prepare_optimizer()
             graph, holds = torch.cuda.CUDAGraph(), []
             self.optimizer.zero_grad(set_to_none=True)
-            with torch.cuda.graph(graph), autotune.for_captured_step(), capture_holds.collecting(holds):
-                loss = self._train()  # with the warm-up's kernel choices
+            # on a stream of the model's device, whichever device is current (torch's default
+            # capture stream is made once, on the device current at the process's first capture)
+            with torch.cuda.device(self.device), torch.cuda.graph(graph, stream=torch.cuda.Stream(self.device)), \
+                    autotune.for_captured_step(), capture_holds.collecting(holds):
+                try:
+                    loss = self._train()  # with the warm-up's kernel choices
+                except Exception as err:
+                    first_error = err
+                    raise
             self.graph, self._loss, self._holds = graph, loss, holds
             self._state = _CapturedState(self.model, self.optimizer, self.inputs)
             self.captures += 1
             return True
         except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why
+            err = first_error or err
             _reset_generator_after_failed_capture(self.device)
             self._run_eagerly()
             torch.cuda.synchronize(self.device)
@@ -292,15 +304,23 @@ def _lr_on_device(optimizer: torch.optim.Optimizer) -> list[dict]:
     return changed
 
 
-def _restore(optimizer: torch.optim.Optimizer, fused: list[dict], tensor_lrs: list[dict]) -> None:
-    """Undoes :func:`_use_fused_kernel` and :func:`_lr_on_device` for an eager step."""
+def _restore(optimizer: torch.optim.Optimizer, fused: list[dict], tensor_lrs: list[dict],
+             capturable: list[dict]) -> None:
+    """Undoes :func:`_use_fused_kernel`, :func:`_lr_on_device` and :func:`_make_capturable` for an
+    eager step: the optimizer as the user made it, its state where torch keeps it for that (the
+    step counts of a group neither capturable nor fused on the CPU)."""
     for group in fused:
         group["fused"] = None
     for group in tensor_lrs:
         if isinstance(group["lr"], torch.Tensor):
             group["lr"] = float(group["lr"])
+    for group in capturable:
+        group["capturable"] = False
+        if not group.get("fused"):
+            _move_scalar_state(optimizer, group, lambda p: torch.device("cpu"))
     fused.clear()
     tensor_lrs.clear()
+    capturable.clear()
 
 
 def _reset_generator_after_failed_capture(device: torch.device) -> None:
@@ -321,18 +341,28 @@ def _device_of(model: torch.nn.Module, inputs) -> torch.device | None:
     return None
 
 
-def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
-    """Turns on ``capturable`` where the optimizer has it, with its step counts moved to the
-    parameters' device (an optimizer that already stepped keeps them on the CPU)."""
+def _make_capturable(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Turns on ``capturable`` where the optimizer has it, with its scalar state (step counts,
+    NAdam's ``mu_product``, ...) moved to the parameters' device (an optimizer that already
+    stepped keeps them on the CPU); returns the groups switched."""
+    switched = []
     for group in optimizer.param_groups:
         if "capturable" not in group or group["capturable"]:
             continue
         group["capturable"] = True
-        for p in group["params"]:
-            state = optimizer.state.get(p, {})
-            step = state.get("step")
-            if isinstance(step, torch.Tensor) and step.device != p.device:
-                state["step"] = step.to(device=p.device, dtype=torch.float32)
+        _move_scalar_state(optimizer, group, lambda p: p.device)
+        switched.append(group)
+    return switched
+
+
+def _move_scalar_state(optimizer: torch.optim.Optimizer, group: dict, device_of) -> None:
+    """Moves the one-value state tensors of ``group``'s parameters to ``device_of(param)``, the
+    step counts as float32 (what torch's optimizers make them)."""
+    for p in group["params"]:
+        state = optimizer.state.get(p, {})
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() == 0 and value.device != device_of(p):
+                state[key] = value.to(device=device_of(p), dtype=torch.float32 if key == "step" else value.dtype)
 
 
 # Optimizers whose fused implementation runs on CUDA with the update of their default one, for

@@ -85,7 +85,7 @@ def test_on_the_cpu_the_step_runs_eagerly_with_one_warning():
     x, edge_index, y, idx, model, reference = _model_and_reference("cpu")
     with pytest.warns(GraphedStepWarning, match="CUDA graphs need the model and inputs on a CUDA device"):
         step, losses = _graphed_losses(model, x, edge_index, y, idx, STEPS)
-    assert not hasattr(step, "graph")
+    assert step.graph is None and step.captures == 0
     expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]  # warm-up steps train too
     assert losses == pytest.approx(expected, rel=1e-6)
     with warnings.catch_warnings():
@@ -99,6 +99,36 @@ def test_warmup_must_run_the_step_once():
     with pytest.raises(ValueError, match="warmup must be at least 1"):
         fgplugin.graphed_step(model, torch.optim.Adam(model.parameters()), lambda out: out.sum(), x, edge_index,
                               warmup=0)
+
+
+def test_the_optimizer_is_given_back_as_the_user_made_it():
+    """What a capture switches on (capturable with the scalar state on the parameters' device,
+    fused, lr as a tensor) is undone for eager steps: the state dict then loads into a fresh
+    optimizer of the user's kind, which steps."""
+    model = torch.nn.Linear(3, 2)
+    for make in (lambda ps: torch.optim.Adam(ps, lr=0.01), lambda ps: torch.optim.NAdam(ps, lr=0.01)):
+        opt = make(model.parameters())
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()
+        switched = graphed._make_capturable(opt)
+        assert switched and all(g["capturable"] for g in opt.param_groups)
+        graphed._restore(opt, [], [], switched)
+        assert not opt.param_groups[0]["capturable"]
+        assert all(v.is_cpu for st in opt.state.values() for v in st.values() if v.dim() == 0)
+        fresh = make(model.parameters())
+        fresh.load_state_dict(opt.state_dict())
+        model(torch.randn(4, 3)).sum().backward()
+        fresh.step()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs: a model on the one not current")
+def test_a_model_on_a_gpu_that_is_not_the_current_one_is_captured():
+    x, edge_index, y, idx, model, reference = _model_and_reference("cuda:1")
+    assert torch.cuda.current_device() == 0
+    step, losses = _graphed_losses(model, x, edge_index, y, idx, STEPS)
+    assert isinstance(step.graph, torch.cuda.CUDAGraph)
+    expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]
+    assert losses == pytest.approx(expected, rel=1e-5)
 
 
 @CUDA
@@ -196,9 +226,12 @@ def test_a_loss_that_syncs_falls_back_to_eager_with_the_reason():
     x, edge_index, y, train = _problem("cuda")
     model = _GCN(p_input=0.5).cuda()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    with pytest.warns(GraphedStepWarning, match="runs eagerly"):
+    with pytest.warns(GraphedStepWarning, match="runs eagerly") as caught:
         step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[train], y[train]), x, edge_index)
-    assert not hasattr(step, "graph")
+    # the sync's own error, not the one ending the capture after it
+    assert "previous error" not in str(caught[0].message) and "capturing" in str(caught[0].message)
+    assert step.graph is None
+    assert opt.param_groups[0]["capturable"] is False and opt.state[opt.param_groups[0]["params"][0]]["step"].is_cpu
     assert opt.param_groups[0]["fused"] is None  # the fused switch is undone for the eager steps
     assert isinstance(opt.param_groups[0]["lr"], float)  # and so is the learning rate on the GPU
     assert torch.randn(4, device="cuda").shape == (4,)
