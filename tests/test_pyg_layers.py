@@ -430,6 +430,51 @@ def test_message_hooks_keep_the_stock_path():
     assert rel_err(conv(x, ei), stock(x, ei)) < TOL and seen
 
 
+def test_a_cached_layer_falling_back_to_stock_keeps_its_first_graph():
+    """A hook registered after the first call sends a cached layer down the stock code, which
+    must read the graph kept then, not the call's, as the stock layer does: whether the cache
+    holds the layer's own aggregation or one adopted from a stock cache."""
+    ei, w, n = graph_case("messy")
+    other = graph_case("hub")[0]
+    other = other[:, other.max(0).values < n]
+    x = torch.randn(n, 8)
+    for adopted, flow in ((False, "source_to_target"), (False, "target_to_source"), (True, "source_to_target")):
+        stock, ours = make_pair("gcn", lambda cls: cls(8, 6, cached=True, flow=flow))
+        if adopted:
+            ours.__class__ = pyg_nn.GCNConv
+            ours(x, ei, w)
+            fp.convert(ours)
+            ours(x, other)  # adopts the stock cache
+        else:
+            ours(x, ei, w)
+        stock(x, ei, w)
+        ours.register_propagate_forward_hook(lambda module, inputs, out: None)
+        assert rel_err(ours(x, other), stock(x, other)) < TOL, (adopted, flow)
+        assert rel_err(ours(x, ei), stock(x, ei)) < TOL, (adopted, flow)
+
+
+def test_a_subclass_with_its_own_message_passing_runs_the_stock_code():
+    """A subclass of a drop-in (as one defined after patch() is) that overrides a step of
+    message passing gets it: fgplugin's kernel would skip it."""
+    ei, w, n = graph_case("path")
+    x = torch.randn(n, 8)
+
+    def scaled(base):
+        class Scaled(base):
+            def message(self, x_j, edge_weight):
+                return 2 * super().message(x_j, edge_weight)
+        return Scaled
+
+    torch.manual_seed(0)
+    stock = scaled(pyg_nn.GCNConv)(8, 6)
+    ours = scaled(fp.GCNConv)(8, 6)
+    ours.load_state_dict(stock.state_dict())
+    assert rel_err(ours(x, ei), stock(x, ei)) < TOL
+    plain = fp.GCNConv(8, 6)
+    plain.load_state_dict(stock.state_dict())
+    assert rel_err(plain(x, ei), stock(x, ei)) > 0.1  # the scaling is real
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit itself is deprecated
 def test_torchscript_scripts_the_stock_layer():
     ei, w, n = graph_case("path")

@@ -15,7 +15,9 @@ _swaps = AdapterSwaps(LAYERS)
 #: ``convert(model, dropout=False)`` keeps torch's dropout.
 convert = _swaps.convert
 #: ``dgl.nn.GraphConv`` & co. become ours in every imported module; ``patch(dropout=True)``
-#: also swaps ``torch.nn.Dropout``.
+#: also swaps ``torch.nn.Dropout``. The patched names then miss stock layers in ``isinstance``
+#: (built before, unpickled, torch's own modules' dropout): test against the defining module's
+#: class (``dgl.nn.pytorch.conv.graphconv.GraphConv``, ``torch.nn.modules.dropout.Dropout``).
 patch = _swaps.patch
 #: Undoes :func:`patch`.
 unpatch = _swaps.unpatch

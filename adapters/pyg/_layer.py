@@ -10,7 +10,7 @@ from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.dense.linear import Linear
 
 from fgplugin import TiledAdjacency
-from fgplugin._csr import aux_dtype_for
+from fgplugin._csr import aux_dtype_for, rows_of_edges
 from fgplugin.aggregation import Aggregation, is_distributed, linear_parts
 from fgplugin.inference_mode import outside_inference_mode
 
@@ -70,6 +70,48 @@ def _sharded_graph(source, edge_weight: Tensor | None, norm: NormSpec, dtype: to
     return source.graph(norm.kind, improved, norm.add_self_loops, dtype)
 
 
+_MESSAGE_PASSING = ("message", "aggregate", "message_and_aggregate", "update", "edge_update")
+_own_way: dict[type, bool] = {}
+
+
+def _passes_messages_its_own_way(cls: type) -> bool:
+    """Whether a class between ``cls`` and fgplugin's drop-in overrides a step of PyG's message
+    passing, which fgplugin's kernel would skip."""
+    known = _own_way.get(cls)
+    if known is None:
+        known = False
+        for klass in cls.__mro__:
+            if klass.__module__.startswith("fgplugin."):
+                break
+            if any(name in klass.__dict__ for name in _MESSAGE_PASSING):
+                known = True
+                break
+        _own_way[cls] = known
+    return known
+
+
+def _stock_form(aggregation: Aggregation, flow: str, sparse_tensor: bool):
+    """A layer's kept aggregation as the stock code caches a normalized graph: ``(edge_index,
+    edge_weight)`` with the scales folded into the weights and the added self loops as edges, or
+    a ``SparseTensor`` (``sparse_tensor``); rows are the messages' targets."""
+    adj, (rows_scale, cols_scale, diag) = aggregation.adj, aggregation.norm
+    rows, cols = rows_of_edges(adj.rowptr, adj.nnz), adj.col.long()
+    dtype = next((t.dtype for t in (rows_scale, cols_scale, diag) if t is not None), torch.float32)
+    weight = torch.ones(adj.nnz, dtype=dtype, device=adj.device) if adj.values is None else adj.values.to(dtype)
+    if diag is not None:
+        loops = diag.nonzero().squeeze(1)
+        rows, cols, weight = torch.cat([rows, loops]), torch.cat([cols, loops]), torch.cat([weight, diag[loops].to(dtype)])
+    if rows_scale is not None:
+        weight = weight * rows_scale[rows].to(dtype)
+    if cols_scale is not None:
+        weight = weight * cols_scale[cols].to(dtype)
+    if sparse_tensor:
+        from torch_geometric.typing import SparseTensor
+        return SparseTensor(row=rows, col=cols, value=weight, sparse_sizes=adj.shape)
+    edge_index = torch.stack([rows, cols]) if flow == "target_to_source" else torch.stack([cols, rows])
+    return edge_index, weight
+
+
 def is_ours(cache) -> bool:
     """Whether a layer's graph cache holds one of fgplugin's aggregations (a sharded graph too),
     not a normalized graph the stock code cached."""
@@ -112,10 +154,13 @@ class FgpluginLayer:
 
     def _fgplugin_serves(self) -> bool:
         """False where the stock propagate() must run: explain mode, hooks (they must see the
-        stock messages). ``decomposed_layers > 1`` only splits the stock E x F message tensor to
-        save memory; our kernel never builds it, so we serve those calls whole (same result as
-        ``decomposed_layers=1``, which PyG's own test demands to allclose's default 1e-8)."""
-        return not self._explain and not any(getattr(self, h) for h in _HOOKS)
+        stock messages), a subclass's own message passing (``message``, ``aggregate``, ...: one
+        defined after ``patch()`` inherits the drop-in). ``decomposed_layers > 1`` only splits the
+        stock E x F message tensor to save memory; our kernel never builds it, so we serve those
+        calls whole (same result as ``decomposed_layers=1``, which PyG's own test demands to
+        allclose's default 1e-8)."""
+        return not self._explain and not any(getattr(self, h) for h in _HOOKS) and \
+            not _passes_messages_its_own_way(type(self))
 
     @outside_inference_mode
     def _served_aggregation(self, x, edge_index, edge_weight):
@@ -157,10 +202,17 @@ class FgpluginLayer:
             raise ValueError(f"{type(self).__name__} ({self}) cannot aggregate over a sharded graph in this call: only "
                              "fgplugin's own aggregations (GCNConv, SGConv, LGConv, SAGEConv with aggr='mean', no hooks, "
                              "not in explain mode) run across ranks; the stock code needs the whole graph")
-        # The stock code reads its caches as normalized graphs, never as our aggregations.
+        # The stock code reads its caches as normalized graphs, never as our aggregations: it
+        # gets the kept graph in its own form (the normalized edge list), so that it too ignores
+        # the graph given now, as a cached stock layer does.
         for name in self._graph_caches:
-            if is_ours(getattr(self, name)):
+            cache = getattr(self, name)
+            if isinstance(cache, DeferredAggregation):  # traced by torch.compile: its graph, normalized by stock
                 setattr(self, name, None)
+                args = (args[0], cache.edge_index, cache.edge_weight, *args[3:])
+            elif is_ours(cache):
+                setattr(self, name, _stock_form(cache, self.flow, name == "_cached_adj_t")
+                        if isinstance(cache, Aggregation) else None)
         return self._stock.forward(self, *args)
 
     def _adopt_stock_cache(self, name: str, n: int):

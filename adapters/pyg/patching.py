@@ -20,7 +20,9 @@ _swaps = AdapterSwaps(LAYERS, on_convert=lambda module: module._set_jittable_tem
 #: ``convert(model, dropout=False)`` keeps torch's dropout.
 convert = _swaps.convert
 #: ``torch_geometric.nn.GCNConv`` & co. (also as bound by ``torch_geometric.nn.models``) become
-#: ours; ``patch(dropout=True)`` also swaps ``torch.nn.Dropout``.
+#: ours; ``patch(dropout=True)`` also swaps ``torch.nn.Dropout``. The patched names then miss
+#: stock layers in ``isinstance`` (built before, unpickled, torch's own modules' dropout): test
+#: against ``torch_geometric.nn.conv.gcn_conv.GCNConv`` (``torch.nn.modules.dropout.Dropout``).
 patch = _swaps.patch
 #: Undoes :func:`patch`.
 unpatch = _swaps.unpatch
