@@ -66,16 +66,20 @@ def pair(config):
     return stock, ours
 
 
+def training_pair(config):
+    """The graph, the stock layer and ours with its weights, their input, an Adam for each and a
+    regression target."""
+    ei, n = graph()
+    stock, ours = pair(config)
+    optimizers = (torch.optim.Adam(stock.parameters(), lr=0.05), torch.optim.Adam(ours.parameters(), lr=0.05))
+    return ei, stock, ours, torch.randn(n, stock.in_channels), optimizers, torch.randn(n, stock.out_channels)
+
+
 @pytest.mark.parametrize("config", LAYERS)
 def test_kept_from_the_second_call_and_training_matches_stock(config, spmm_calls):
     """Call 1 remembers x, call 2 keeps A x, calls 3+ run no SpMM; five Adam steps give the
     stock layer's outputs and weights."""
-    ei, n = graph()
-    stock, ours = pair(config)
-    x = torch.randn(n, stock.in_channels)
-    opt_s = torch.optim.Adam(stock.parameters(), lr=0.05)
-    opt_o = torch.optim.Adam(ours.parameters(), lr=0.05)
-    target = torch.randn(n, stock.out_channels)
+    ei, stock, ours, x, (opt_s, opt_o), target = training_pair(config)
     for step in range(5):
         before = len(spmm_calls)
         out_s, out_o = stock(x, ei), ours(x, ei)
@@ -184,12 +188,7 @@ def test_checkpointed_layers_train_as_stock_from_the_first_step(config, spmm_cal
     filled nor read: the backward's recomputation must save what the forward saved, so a first
     layer trains from step 0 as the stock layer does, also after earlier unchecked steps kept
     A x, which stays kept for the unchecked calls after them."""
-    ei, n = graph()
-    stock, ours = pair(config)
-    x = torch.randn(n, stock.in_channels)
-    opt_s = torch.optim.Adam(stock.parameters(), lr=0.05)
-    opt_o = torch.optim.Adam(ours.parameters(), lr=0.05)
-    target = torch.randn(n, stock.out_channels)
+    ei, stock, ours, x, (opt_s, opt_o), target = training_pair(config)
     for step in range(7):
         checkpointed = step < 3 or step >= 5  # steps 3 and 4 keep A x; 5 and 6 run beside it
         kept = input_cache.of(ours).value
