@@ -14,7 +14,6 @@ rank 0 computes the ordering (block-wise, one part per row block: Algorithm 2) a
 file when it exists (training then runs up to ``--epochs`` in all).
 """
 import argparse
-import os
 import time
 
 import torch
@@ -71,8 +70,8 @@ def main():
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     trainer = DistributedTrainer(model, graph, x, y, masks["train_mask"], opt, val_mask=masks.get("val_mask"),
                                  test_mask=masks.get("test_mask"))
-    if args.checkpoint and os.path.exists(args.checkpoint):
-        trainer.load_checkpoint(args.checkpoint)
+    # rank 0's file decides for every rank (the others may have no copy: another machine)
+    if args.checkpoint and trainer.load_checkpoint(args.checkpoint, missing_ok=True) is not None:
         if rank == 0:
             print(f"resumed from {args.checkpoint} at epoch {trainer.epoch}", flush=True)
     first_epoch = trainer.epoch

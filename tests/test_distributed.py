@@ -346,6 +346,17 @@ def _train_configs(path, configs, tmpdir):
         while resumed.epoch < EPOCHS:
             resumed.step()
         out[("resumed", replication, comm)] = _weights(resumed)
+    # Machines without a shared file system: only rank 0 has the file, and it decides for all.
+    rank = trainer.graph.ctx.rank
+    own_folder = os.path.join(tmpdir, f"node{rank}")
+    os.makedirs(own_folder, exist_ok=True)
+    trainer.save_checkpoint(os.path.join(own_folder, "ckpt.pt"))
+    assert os.path.exists(os.path.join(own_folder, "ckpt.pt")) == (rank == 0)
+    fresh = _trainer(data, configs[-1][0], configs[-1][1], None)
+    assert fresh.load_checkpoint(os.path.join(own_folder, "ckpt.pt"), missing_ok=True) == EPOCHS // 2
+    assert fresh.load_checkpoint(os.path.join(tmpdir, "absent.pt"), missing_ok=True) is None
+    with pytest.raises(FileNotFoundError, match="no checkpoint there on rank 0"):
+        fresh.load_checkpoint(os.path.join(tmpdir, "absent.pt"))
     return out
 
 

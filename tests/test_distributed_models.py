@@ -186,6 +186,61 @@ def test_what_cannot_be_sharded_is_refused_by_name():
         assert abs(got - want) < 1e-5 * want, errors["fp16-loss"]
 
 
+def _losses_norms_and_odd_inputs(rank, world):
+    import warnings
+
+    from torch_geometric.data import Data
+    from torch_geometric.nn import PairNorm
+
+    from fgplugin.distributed import ShardingContext, masked_loss, replicate, shard
+    from fgplugin.distributed.ddp import refuse_unshardable_layers
+
+    ctx = ShardingContext(1)
+    local = shard(_data(), ctx)
+    found = {}
+    found["batchnorm"] = error_of(lambda: replicate(torch.nn.Sequential(torch.nn.BatchNorm1d(4)), ctx))
+    found["pairnorm"] = error_of(lambda: replicate(torch.nn.Sequential(PairNorm()), ctx))
+    found["syncbatchnorm"] = error_of(lambda: refuse_unshardable_layers(torch.nn.SyncBatchNorm(4)))
+    found["column-mask"] = error_of(lambda: masked_loss(local.x[:, :4], local.y, local.train_mask[:, None], ctx))
+    no_edges = Data(x=torch.randn(10, 3), edge_index=torch.zeros(2, 0, dtype=torch.long), num_nodes=10)
+    found["no-edges"] = shard(no_edges, ctx).x.shape[0]
+    torch.manual_seed(8)
+    linear = torch.nn.Linear(FEATURES, 3).double()
+    targets = (torch.rand(N, 3, generator=torch.Generator().manual_seed(9)) < 0.5).double()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        masked_loss(linear(local.x), targets[local.n_id], local.train_mask, ctx,
+                    loss_fn=F.binary_cross_entropy_with_logits)  # not replicated yet
+    found["unreplicated"] = [str(w.message) for w in caught]
+    model = replicate(linear, ctx)
+    loss = masked_loss(model(local.x), targets[local.n_id], local.train_mask, ctx,
+                       loss_fn=F.binary_cross_entropy_with_logits)  # multi-label: one term per row and label
+    loss.backward()
+    found["bce-grad"] = model.module.weight.grad.numpy()
+    return found
+
+
+def test_per_entry_losses_node_wide_norms_and_odd_inputs():
+    """masked_loss averages a multi-label loss over its terms as torch's mean does (the gradient
+    of one process); normalizations over all nodes are refused (SyncBatchNorm is not); a mask
+    must be 1-D; a graph without edges shards; a loss without a replicated model warns."""
+    torch.manual_seed(8)
+    linear = torch.nn.Linear(FEATURES, 3).double()
+    data = _data()
+    targets = (torch.rand(N, 3, generator=torch.Generator().manual_seed(9)) < 0.5).double()
+    m = data.train_mask
+    F.binary_cross_entropy_with_logits(linear(data.x)[m], targets[m]).backward()
+    for rank, found in _ok(_launch(2, _losses_norms_and_odd_inputs, deadline_s=120), 2).items():
+        assert "(BatchNorm1d) takes its statistics over the rows of each rank" in found["batchnorm"], found
+        assert "SyncBatchNorm" in found["batchnorm"], found
+        assert "(PairNorm) takes statistics over all nodes" in found["pairnorm"], found
+        assert found["syncbatchnorm"] is None, found
+        assert "must be a bool tensor" in found["column-mask"], found
+        assert found["no-edges"] == 5, found
+        assert len(found["unreplicated"]) == 1 and "replicate(model, ctx)" in found["unreplicated"][0], found
+        assert _rel(torch.from_numpy(found["bce-grad"]), linear.weight.grad) < 1e-12, rank
+
+
 def _replica_draws(rank, world):
     from fgplugin.distributed import ShardingContext, replicate
 

@@ -130,6 +130,8 @@ class ShardingContext:
         self.rank = dist.get_rank()
         self.block, self.replica = divmod(self.rank, r)
         self.comm, self.comm_dtype = comm, comm_dtype
+        # Set by replicate(); a model wrapped in DistributedDataParallel by the user: set it True.
+        self.replicated = False
         self.backend = dist.get_backend()
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         q = self.num_blocks

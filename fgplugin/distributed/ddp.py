@@ -11,6 +11,7 @@ scaled so that the averaged gradients are the single-process ones, and metrics o
 from __future__ import annotations
 
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -27,11 +28,13 @@ def replicate(model: torch.nn.Module, ctx: ShardingContext) -> DistributedDataPa
     call it on every rank.
 
     Raises:
-        ValueError: the model has a graph layer that cannot aggregate over a sharded graph (an
-            attention layer, a SAGEConv with another aggregation than the mean), named.
+        ValueError: the model has a layer that cannot run on a sharded graph (an attention layer,
+            a SAGEConv with another aggregation than the mean, a normalization over all nodes),
+            named.
     """
     refuse_unshardable_layers(model)
     share_random_state_with_replicas(ctx)
+    ctx.replicated = True
     group = dist.new_group(list(range(ctx.world_size)))
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     # The gradients live in DDP's all-reduce buckets: one copy of them instead of two (no step
@@ -61,7 +64,7 @@ def share_random_state_with_replicas(ctx: ShardingContext) -> None:
 
 def _mask(mask: torch.Tensor, out: torch.Tensor, what: str) -> torch.Tensor:
     """``mask`` checked: a bool tensor over this rank's rows (an index tensor would be summed as ids)."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape[:1] != out.shape[:1]:
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != out.shape[:1]:
         raise ValueError(f"{what}: the mask must be a bool tensor over this rank's {out.shape[0]} rows (shard(data, "
                          f"ctx).train_mask and the like), got {getattr(mask, 'dtype', type(mask).__name__)} of shape "
                          f"{tuple(getattr(mask, 'shape', ()))}; turn an index tensor of global ids into a mask of "
@@ -70,12 +73,12 @@ def _mask(mask: torch.Tensor, out: torch.Tensor, what: str) -> torch.Tensor:
 
 
 def refuse_unshardable_layers(model: torch.nn.Module) -> None:
-    """Raises ``ValueError`` naming the first graph layer of ``model`` (PyG message passing or a
-    DGL conv) that fgplugin cannot run on a sharded graph: any that is not one of fgplugin's
-    drop-in layers (convert the model first), and a ``SAGEConv`` aggregating other than by the
-    mean."""
+    """Raises ``ValueError`` naming the first layer of ``model`` that fgplugin cannot run on a
+    sharded graph: a graph layer (PyG message passing or a DGL conv) that is not one of fgplugin's
+    drop-in layers (convert the model first), a ``SAGEConv`` aggregating other than by the mean,
+    and a normalization whose statistics span the nodes (each rank would take its own rows')."""
     for name, module in model.named_modules():
-        why = _pyg_refusal(module) or _dgl_refusal(module)
+        why = _pyg_refusal(module) or _dgl_refusal(module) or _norm_refusal(module)
         if why:
             raise ValueError(f"layer {name!r} ({type(module).__name__}{why}")
 
@@ -94,6 +97,25 @@ def _pyg_refusal(module) -> str | None:
     return None
 
 
+# PyG normalizations whose statistics are over all nodes (LayerNorm only in its "graph" mode)
+_PYG_NODE_NORMS = ("BatchNorm", "InstanceNorm", "GraphNorm", "PairNorm", "MeanSubtractionNorm", "DiffGroupNorm",
+                   "HeteroBatchNorm")
+
+
+def _norm_refusal(module) -> str | None:
+    if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(module, torch.nn.SyncBatchNorm):
+        return (") takes its statistics over the rows of each rank on a sharded graph, not over all nodes: "
+                "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) makes it take them over all ranks")
+    norm = sys.modules.get("torch_geometric.nn.norm")
+    if norm is None or not type(module).__module__.startswith("torch_geometric.nn.norm"):
+        return None
+    if type(module).__name__ in _PYG_NODE_NORMS or (type(module).__name__ == "LayerNorm" and
+                                                     getattr(module, "mode", None) == "graph"):
+        return (") takes statistics over all nodes, which a sharded graph spreads over the ranks: fgplugin "
+                "cannot run it sharded (torch.nn.SyncBatchNorm can stand in for a batch norm)")
+    return None
+
+
 def _dgl_refusal(module) -> str | None:
     if "dgl.nn.pytorch.conv" not in sys.modules or not type(module).__module__.startswith("dgl.nn.pytorch.conv"):
         if not type(module).__module__.startswith("fgplugin.dgl"):
@@ -108,21 +130,41 @@ def _dgl_refusal(module) -> str | None:
 
 def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: ShardingContext,
                 loss_fn=F.cross_entropy) -> torch.Tensor:
-    """This rank's share of the mean of ``loss_fn`` over the rows ``mask`` selects on all ranks,
-    for ``backward()`` under :func:`replicate`: ``sum(this rank's losses) * p / (r * N)`` with
-    ``N`` the global count (the all-reduced count is ``r * N``: replicas count their rows too).
-    DDP averages the ranks' gradients (``/ p``), and the ``r`` replicas of a row block each hold
-    a partial gradient of its rows (their sum is the true one), so the
-    result is single-process training's gradient. One small all-reduce (no host sync)."""
+    """This rank's share of ``loss_fn``'s mean over the rows ``mask`` selects on all ranks, for
+    ``backward()`` under :func:`replicate`: ``sum(this rank's loss terms) * p / (r * N)`` with
+    ``N`` the global count of loss terms (the entries of ``loss_fn(..., reduction="none")``: one
+    per row for a class-index or soft-label cross entropy, one per row and column for a
+    multi-label or regression loss, as ``reduction="mean"`` divides; a class-weighted or
+    ``ignore_index`` loss, whose mean divides by other counts, is not such a mean). The
+    all-reduced count is ``r * N``: replicas count their rows too. DDP averages the ranks'
+    gradients (``/ p``), and the ``r`` replicas of a row block each hold a partial gradient of its
+    rows (their sum is the true one), so the result is single-process training's gradient. One
+    small all-reduce."""
     mask = _mask(mask, out, "masked_loss")
-    # Counted in float64 and summed in at least float32: a 16-bit count overflows (fp16: 65504) or rounds.
-    count = mask.sum().to(torch.float64).reshape(1)
-    dist.all_reduce(count)
+    if not ctx.replicated and ctx.world_size > 1 and torch.is_grad_enabled() and out.requires_grad:
+        _warn_unreplicated()
     picked = out[mask]
     if picked.dtype in (torch.float16, torch.bfloat16):
         picked = picked.float()
-    local = loss_fn(picked, y[mask], reduction="sum")
+    terms = loss_fn(picked, y[mask], reduction="none")
+    # Counted in float64 and summed in at least float32: a 16-bit count overflows (fp16: 65504) or rounds.
+    count = torch.tensor([float(terms.numel())], dtype=torch.float64, device=out.device)
+    dist.all_reduce(count)
+    local = terms.sum()
     return local * (ctx.world_size / count.clamp(min=1)[0]).to(local.dtype)
+
+
+_warned_unreplicated = False
+
+
+def _warn_unreplicated() -> None:
+    global _warned_unreplicated
+    if not _warned_unreplicated:
+        _warned_unreplicated = True
+        warnings.warn("fgplugin.distributed.masked_loss: no model was replicated on this sharding context, so each "
+                      "rank would step on its own gradients and the ranks' weights drift apart. Wrap the model "
+                      "with fgplugin.distributed.replicate(model, ctx); if you wrapped it in "
+                      "DistributedDataParallel yourself, set ctx.replicated = True", UserWarning, stacklevel=3)
 
 
 def global_mean(value_sum: torch.Tensor, count: torch.Tensor) -> float:

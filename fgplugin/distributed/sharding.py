@@ -227,7 +227,7 @@ class ShardedGraph:
         del srcs, dsts
         # The graph is symmetric iff on every block the edges entering it, keyed (target, source),
         # are the edges leaving it, keyed (source, target) (as multisets: duplicates count).
-        symmetric = _same_multiset(dst * n + src, torch.cat(leaving))
+        symmetric = _same_multiset(dst * n + src, torch.cat(leaving) if leaving else src.new_zeros(0))
         del leaving
 
         perm_hash = 0 if perm is None else int(((perm % _MOD) * (torch.arange(n, device=device) % 65521 + 1) % _MOD).sum())

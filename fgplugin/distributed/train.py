@@ -145,16 +145,29 @@ class DistributedTrainer:
         with self._guard("save_checkpoint"):
             dist.barrier()
 
-    def load_checkpoint(self, path) -> int:
+    def load_checkpoint(self, path, *, missing_ok: bool = False) -> int | None:
         """Resume from :meth:`save_checkpoint`'s file: rank 0 reads it and broadcasts it (no shared
-        file system needed). The sharding may differ from the run that wrote it; the graph may not.
-        Returns the epoch to continue from."""
+        file system needed: only rank 0's copy counts, also for whether there is one). The
+        sharding may differ from the run that wrote it; the graph may not. Returns the epoch to
+        continue from, or ``None`` on every rank where rank 0 has no such file and ``missing_ok``
+        (else every rank raises ``FileNotFoundError``)."""
         holder = [None]
         if self.graph.ctx.rank == 0:
-            holder[0] = torch.load(path, map_location="cpu", weights_only=True)
+            try:
+                holder[0] = torch.load(path, map_location="cpu", weights_only=True)
+            except FileNotFoundError:
+                holder[0] = "missing"
+            except Exception as err:  # noqa: BLE001 - told to every rank, not only to rank 0
+                holder[0] = f"unreadable ({type(err).__name__}: {err})"
         with self._guard("load_checkpoint"):
             dist.broadcast_object_list(holder, 0, device=self.graph.ctx.device)
         state = holder[0]
+        if state == "missing":
+            if missing_ok:
+                return None
+            raise FileNotFoundError(f"{path}: no checkpoint there on rank 0, which reads it for every rank")
+        if isinstance(state, str):
+            raise ValueError(f"{path} on rank 0 is {state}")
         if state.get("format") != _CHECKPOINT_FORMAT:
             raise ValueError(f"{path}: not an fgplugin.distributed checkpoint (format {state.get('format')!r})")
         if list(state["graph"]) != list(self.graph.fingerprint[:4]):
