@@ -34,10 +34,12 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
             is built (``fgplugin.autotune``; 0.5-1.5 s on a 75-200M-edge graph on an H100, for
             1.9-5.3% faster training steps than at 0.05: docs/results.md); a graph under 3M
             non-zeros gets no dense tiles, untimed; pass a number to skip it.
-        cache: ``False`` (no disk cache), ``True`` (the default cache folder,
-            ``$FGPLUGIN_CACHE_DIR/preprocess``) or a folder. Entries are keyed by a hash of the
-            graph and every option, written atomically with a checksum, and rebuilt (with a
-            warning) when corrupt or stale.
+        cache: ``False`` or ``None`` (no disk cache), ``True`` (the default cache folder,
+            ``$FGPLUGIN_CACHE_DIR/preprocess``) or a folder (``~`` expanded). Entries are keyed by
+            a hash of the graph and every option, written atomically with a checksum, and rebuilt
+            (with a warning) when corrupt or stale. Edge weights that need a gradient are not
+            cached: the entry holds the structure, and the weights are applied to it (with their
+            gradient) after loading.
     """
     from .reorder import reorder
 
@@ -69,7 +71,7 @@ def check_cache_option(cache):
     naming what it accepts."""
     if cache is None:
         return False
-    if isinstance(cache, bool) or isinstance(cache, (str, os.PathLike)):
+    if isinstance(cache, (bool, str, os.PathLike)):
         return cache
     raise TypeError(f"cache= takes False (no disk cache), True (the default folder, $FGPLUGIN_CACHE_DIR) or a "
                     f"folder path, got {cache!r}")
