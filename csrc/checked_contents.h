@@ -1,7 +1,8 @@
 // A memory of the tensors whose contents were checked, so that a check that reads a whole graph
 // (csr_contents.cpp, cuda/block_adaptive_plan.cpp) runs once per version of its tensors, not per
 // call. A tensor is remembered by its storage (held weakly, so a freed one never matches), offset,
-// length and version counter: any in-place write through torch makes it new again; writes through
+// sizes, strides, dtype and version counter (another view of the same memory is another tensor:
+// its entries differ): any in-place write through torch makes it new again; writes through
 // .numpy() or .data are not seen. Inference tensors have no version counter and are never kept.
 #pragma once
 
@@ -31,8 +32,10 @@ class CheckedContents {
   void remember(const std::vector<at::Tensor>& tensors, int64_t value, const std::vector<int64_t>& extra = {}) {
     if (!trackable(tensors)) return;
     Entry entry{{}, extra, value};
-    for (const at::Tensor& t : tensors) entry.tensors.push_back(State{t.storage().getWeakStorageImpl(),
-                                                                       t.storage_offset(), t.numel(), t._version()});
+    for (const at::Tensor& t : tensors) {
+      entry.tensors.push_back(State{t.storage().getWeakStorageImpl(), t.storage_offset(), t.sizes().vec(),
+                                    t.strides().vec(), t.scalar_type(), t._version()});
+    }
     const std::lock_guard<std::mutex> guard(lock_);
     if (entries_.size() >= kKept) entries_.erase(entries_.begin());
     entries_.push_back(std::move(entry));
@@ -41,8 +44,10 @@ class CheckedContents {
  private:
   struct State {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-    int64_t offset, numel;
-    uint32_t version;
+    int64_t offset;
+    std::vector<int64_t> sizes, strides;
+    at::ScalarType dtype;
+    int64_t version;
   };
   struct Entry {
     std::vector<State> tensors;
@@ -63,7 +68,8 @@ class CheckedContents {
       const State& s = states[i];
       const at::Tensor& t = tensors[i];
       if (s.storage.expired() || s.storage._unsafe_get_target() != t.storage().unsafeGetStorageImpl() ||
-          s.offset != t.storage_offset() || s.numel != t.numel() || s.version != t._version()) {
+          s.offset != t.storage_offset() || s.dtype != t.scalar_type() || s.version != t._version() ||
+          t.sizes() != at::IntArrayRef(s.sizes) || t.strides() != at::IntArrayRef(s.strides)) {
         return false;
       }
     }

@@ -104,12 +104,14 @@ class TiledAdjacency:
     """
 
     def __init__(self, rowptr, col, values, shape, *, tile_size=32, threshold="auto", edge_perm=None,
-                 perm=None, _shared=None):
+                 perm=None, _shared=None, _edge_order_dropped=False):
         self.shape = (int(shape[0]), int(shape[1]))
         self.rowptr = rowptr
         self.col = col
         self._values = values
         self.edge_perm = edge_perm
+        # built from an edge list whose order was not kept: per-edge values in that order cannot be mapped
+        self._edge_order_dropped = bool(_edge_order_dropped)
         self.tile_size = int(tile_size)
         self.threshold = threshold
         self._perm, self._inv_perm = perm, None
@@ -123,6 +125,7 @@ class TiledAdjacency:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
+    @outside_inference_mode
     def from_edge_index(cls, edge_index, num_nodes=None, edge_weight=None, *, size=None, tile_size=32,
                         threshold="auto", index_dtype=None, keep_edge_order=True,
                         perm=None) -> "TiledAdjacency":
@@ -148,7 +151,7 @@ class TiledAdjacency:
         num_edges = edge_index.shape[1]
         if edge_weight is not None:
             edge_weight = check_edge_values(edge_weight, num_edges, "edge_weight", edge_index.device)
-        dtype = index_dtype or index_dtype_for(num_edges, n_dst, n_src)
+        dtype = _index_dtype(index_dtype, num_edges, n_dst, n_src)
         src, dst = edge_index[0], edge_index[1]
         order = _sort_by_row_then_col(dst, src, n_src)
         rows = dst[order]
@@ -159,9 +162,10 @@ class TiledAdjacency:
         if perm is not None:
             perm = check_perm(perm, n_dst, edge_index.device) if n_src == n_dst else _refuse_perm_rectangular()
         return cls(rowptr, col, values, (n_dst, n_src), tile_size=tile_size, threshold=threshold,
-                   edge_perm=edge_perm, perm=perm)
+                   edge_perm=edge_perm, perm=perm, _edge_order_dropped=not keep_edge_order)
 
     @classmethod
+    @outside_inference_mode
     def from_csr(cls, rowptr, col, values=None, *, shape=None, tile_size=32, threshold="auto",
                  index_dtype=None, perm=None) -> "TiledAdjacency":
         """From CSR arrays with rows = destination nodes; ``shape`` defaults to square."""
@@ -169,13 +173,14 @@ class TiledAdjacency:
         rowptr, col, shape = check_csr(rowptr, col, shape)
         if values is not None:
             values = check_edge_values(values, col.numel(), "values", col.device)
-        dtype = index_dtype or index_dtype_for(col.numel(), shape[0], shape[1])
+        dtype = _index_dtype(index_dtype, col.numel(), shape[0], shape[1])
         if perm is not None:
             perm = check_perm(perm, shape[0], col.device) if shape[0] == shape[1] else _refuse_perm_rectangular()
         return cls(rowptr.to(dtype), col.to(dtype), values, shape, tile_size=tile_size, threshold=threshold,
                    perm=perm)
 
     @classmethod
+    @outside_inference_mode
     def from_scipy(cls, matrix, **options) -> "TiledAdjacency":
         """From a ``scipy.sparse`` matrix (rows = destination nodes); its data become edge weights
         unless every entry is 1."""
@@ -185,6 +190,7 @@ class TiledAdjacency:
         return cls.from_csr(torch.from_numpy(csr.indptr.astype("int64")), torch.from_numpy(csr.indices.astype("int64")),
                             values, shape=csr.shape, **options)
 
+    @outside_inference_mode
     def with_values(self, edge_values) -> "TiledAdjacency":
         """The same structure (and kernel plans) with new edge weights, or ``None`` for unit
         weights. Differentiable. The weights come in the order of the edge list this adjacency was
@@ -197,6 +203,12 @@ class TiledAdjacency:
         CUDA graph capture (the warm-up steps before a capture check the same weights)."""
         if edge_values is None:
             return self._copy(values=None)
+        if self._edge_order_dropped:
+            raise ValueError("this TiledAdjacency was built from an edge list without keeping its order "
+                             "(keep_edge_order=False, as fgplugin.preprocess.reorder_graph and BlockReorder build "
+                             "it), so per-edge values in that order cannot be mapped onto it: build it with "
+                             "TiledAdjacency.from_edge_index(edge_index, num_nodes, keep_edge_order=True) (after "
+                             "BlockReorder: from data.edge_index, in the new ids), or give the weights when it is built")
         memo = self._cache.setdefault("with_values", {}) if self._memoizable(edge_values) else None
         if memo is not None:
             kept = memo.get(id(edge_values))
@@ -241,7 +253,8 @@ class TiledAdjacency:
         kwargs = dict(values=self.values, tile_size=self.tile_size, threshold=self.threshold)
         kwargs.update(changes)
         clone = TiledAdjacency(self.rowptr, self.col, kwargs.pop("values"), self.shape, edge_perm=self.edge_perm,
-                               perm=self.perm, _shared=self._shared, **kwargs)
+                               perm=self.perm, _shared=self._shared, _edge_order_dropped=self._edge_order_dropped,
+                               **kwargs)
         clone._inv_perm = self._inv_perm
         return clone
 
@@ -272,6 +285,8 @@ class TiledAdjacency:
 
     @perm.setter
     def perm(self, perm: torch.Tensor | None) -> None:
+        if perm is not None:
+            perm = check_perm(perm, self.shape[0], self.device) if self.is_square else _refuse_perm_rectangular()
         self._perm, self._inv_perm = perm, None
 
     @property
@@ -282,6 +297,7 @@ class TiledAdjacency:
         return self._inv_perm
 
     @property
+    @outside_inference_mode
     def tiles(self) -> TileStats:
         """The dense tiles at the threshold in force (for ``"auto"``: the one chosen for float32 on
         this device if the choice was made, else the default), computed once."""
@@ -303,6 +319,7 @@ class TiledAdjacency:
         chosen = self._shared.get(("auto_threshold", self.tile_size, self.device, "fp32"))
         return DEFAULT_THRESHOLD if chosen is None else chosen["threshold"]
 
+    @outside_inference_mode
     def transpose(self):
         """CSR of A^T as ``(t_rowptr, t_col, t_perm)``, built on first use and cached.
 
@@ -325,11 +342,13 @@ class TiledAdjacency:
         return cached
 
     @property
+    @outside_inference_mode
     def is_symmetric(self) -> bool:
         """Whether A's structure equals its transpose's (builds the transpose)."""
         t_rowptr, t_col, _ = self.transpose()
         return t_rowptr is self.rowptr and t_col is self.col
 
+    @outside_inference_mode
     def in_degree(self, weighted: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Number (or summed weight) of in-edges per destination node, in ``dtype`` (default:
         the weights' dtype, float32 without weights)."""
@@ -339,6 +358,7 @@ class TiledAdjacency:
             return torch.zeros(self.shape[0], dtype=dtype, device=self.device).index_add_(0, self._rows(), weights)
         return (self.rowptr[1:] - self.rowptr[:-1]).to(dtype or torch.float32)
 
+    @outside_inference_mode
     def out_degree(self, weighted: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Number (or summed weight) of out-edges per source node, in ``dtype`` (as :meth:`in_degree`)."""
         if weighted and self.values is not None:
@@ -349,6 +369,7 @@ class TiledAdjacency:
             weights = torch.ones(self.nnz, dtype=dtype, device=self.device)
         return torch.zeros(self.shape[1], dtype=dtype, device=self.device).index_add_(0, self.col.long(), weights)
 
+    @outside_inference_mode
     def self_loop_mask(self) -> torch.Tensor:
         """Bool [min(n_rows, n_cols)]: which nodes already have a self loop in A."""
         cached = self._shared.get("self_loops")
@@ -427,6 +448,7 @@ class TiledAdjacency:
         return rows_of_edges(self.rowptr, self.nnz)
 
     # ------------------------------------------------------------------ kernel plans
+    @outside_inference_mode
     def kernel_plan(self, dtype: torch.dtype, *, transpose: bool = False) -> KernelPlan | None:
         """The block-adaptive CUDA kernel's plan of A (or of A^T) for features of ``dtype``, or
         ``None`` where the plain kernels run (off CUDA, float64, block-adaptive kernel off or not
@@ -478,6 +500,7 @@ class TiledAdjacency:
             self._shared[key] = chosen
         return chosen["threshold"]
 
+    @outside_inference_mode
     def prepare(self, dtype: torch.dtype = torch.float32, *, transpose: bool = True) -> float | None:
         """Builds the kernel plans for features of ``dtype`` now (running the ``"auto"`` probe
         first if asked for) instead of in the first forward and backward pass, and returns the
@@ -501,7 +524,7 @@ class TiledAdjacency:
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         out = TiledAdjacency(move(self.rowptr), move(self.col), move(self.values), self.shape,
                              tile_size=self.tile_size, threshold=self.threshold, edge_perm=move(self.edge_perm),
-                             perm=move(self.perm))
+                             perm=move(self.perm), _edge_order_dropped=self._edge_order_dropped)
         transpose = self._shared.get("transpose")
         if transpose is not None:
             t_rowptr, t_col, t_perm = transpose
@@ -542,7 +565,7 @@ class TiledAdjacency:
         return {
             "format": _STATE_FORMAT, "shape": self.shape, "rowptr": self.rowptr, "col": self.col,
             "values": self.values, "edge_perm": self.edge_perm, "perm": self.perm,
-            "tile_size": self.tile_size, "threshold": self.threshold,
+            "tile_size": self.tile_size, "threshold": self.threshold, "edge_order_dropped": self._edge_order_dropped,
         }
 
     def __setstate__(self, state):
@@ -572,7 +595,8 @@ class TiledAdjacency:
         dtype = torch.int32 if state["rowptr"].dtype == state["col"].dtype == torch.int32 else torch.int64
         self.__init__(rowptr.to(dtype), col.to(dtype), values, shape,
                       edge_perm=None if edge_perm is None else edge_perm.to(dtype), perm=perm,
-                      tile_size=state["tile_size"], threshold=state["threshold"])
+                      tile_size=state["tile_size"], threshold=state["threshold"],
+                      _edge_order_dropped=bool(state.get("edge_order_dropped", False)))
 
     def __repr__(self) -> str:
         if self.threshold == "auto":
@@ -667,6 +691,20 @@ def _sort_by_row_then_col(rows: torch.Tensor, cols: torch.Tensor, n_cols: int) -
         return torch.argsort(rows * max(n_cols, 1) + cols, stable=True)
     by_col = torch.argsort(cols, stable=True)  # keys would overflow int64: two stable passes
     return by_col[torch.argsort(rows[by_col], stable=True)]
+
+
+def _index_dtype(asked, nnz: int, n_rows: int, n_cols: int) -> torch.dtype:
+    """The index dtype: ``asked`` (int32 or int64; int32 only where every index fits) or the
+    narrowest that fits."""
+    needed = index_dtype_for(nnz, n_rows, n_cols)
+    if asked is None:
+        return needed
+    if asked not in (torch.int32, torch.int64):
+        raise ValueError(f"index_dtype must be torch.int32 or torch.int64, got {asked}")
+    if asked == torch.int32 and needed == torch.int64:
+        raise ValueError(f"index_dtype=torch.int32 cannot hold this graph's indices ({nnz} non-zeros, shape "
+                         f"({n_rows}, {n_cols})): leave index_dtype unset or use torch.int64")
+    return asked
 
 
 def _refuse_perm_rectangular():

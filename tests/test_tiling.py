@@ -384,3 +384,67 @@ def test_graphs_under_the_probe_floor_get_no_dense_tiles_unprobed(monkeypatch):
     assert autotune.choose_threshold(small) == {"threshold": 1.0, "times_ms": {}, "plan": None} and not probed
     large = SimpleNamespace(device=cuda, nnz=autotune.PROBE_MIN_NNZ)
     assert autotune.choose_threshold(large)["threshold"] == 0.05 and probed == [autotune.PROBE_MIN_NNZ]
+
+
+def test_another_view_of_checked_memory_is_checked_again():
+    """The kernels' memory of checked tensors tells views of one storage apart by their strides:
+    a view holding an out-of-range id after a valid view of the same memory is refused, not read."""
+    base = torch.zeros(8, dtype=torch.int64)
+    base[4::2] = 10**9
+    rowptr, x = torch.tensor([0, 1, 2, 3, 4]), torch.randn(4, 8)
+    fgplugin.spmm(TiledAdjacency(rowptr, base[:4], None, (4, 4)), x)  # valid: ids 0
+    with pytest.raises((RuntimeError, ValueError), match="source node 1000000000"):
+        fgplugin.spmm(TiledAdjacency(rowptr, base[::2], None, (4, 4)), x)
+
+
+def test_with_values_needs_the_edge_order():
+    """Per-edge values in edge-list order map onto an adjacency that kept that order, and are
+    refused by one built without it (they would land on other edges)."""
+    ei = torch.tensor([[1, 0, 2], [2, 1, 0]])  # the CSR order (by target) reverses the edge list
+    w, x = torch.tensor([10.0, 20.0, 30.0]), torch.eye(3)
+    expected = torch.zeros(3, 3)
+    expected[ei[1], ei[0]] = w
+    assert torch.equal(fgplugin.spmm(TiledAdjacency.from_edge_index(ei, 3).with_values(w), x), expected)
+    dropped = TiledAdjacency.from_edge_index(ei, 3, keep_edge_order=False)
+    with pytest.raises(ValueError, match="keep_edge_order=True"):
+        dropped.with_values(w)
+    again = torch.load(_saved(dropped), weights_only=True)
+    with pytest.raises(ValueError, match="keep_edge_order=True"):
+        again.to("cpu").with_values(w)
+    assert dropped.with_values(None).values is None  # unit weights need no order
+
+
+def _saved(obj) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_built_or_inspected_in_inference_mode_then_trained():
+    """What an adjacency builds and keeps (its arrays, transpose, degrees) under
+    torch.inference_mode() must not be inference tensors: training reads them afterwards."""
+    ei = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]])
+    with torch.inference_mode():
+        adj = TiledAdjacency.from_edge_index(ei, 3)
+        assert not adj.is_symmetric
+        adj.transpose()
+        adj.in_degree()
+        adj.self_loop_mask()
+    x = torch.randn(3, 4, requires_grad=True)
+    fgplugin.spmm(adj, x, *adj.norm("gcn")).sum().backward()
+    assert x.grad is not None and not adj.rowptr.is_inference()
+
+
+def test_index_dtype_and_perm_are_checked():
+    ei = torch.tensor([[0, 1], [1, 0]])
+    for bad in (torch.int16, torch.float32):
+        with pytest.raises(ValueError, match="index_dtype must be torch.int32 or torch.int64"):
+            TiledAdjacency.from_edge_index(ei, 2, index_dtype=bad)
+    with pytest.raises(ValueError, match="cannot hold this graph's indices"):
+        TiledAdjacency.from_edge_index(torch.tensor([[2**32 + 3], [0]]), size=(2**32 + 10, 2), index_dtype=torch.int32)
+    adj = TiledAdjacency.from_edge_index(ei, 2)
+    with pytest.raises(ValueError, match="permutation"):
+        adj.perm = torch.tensor([0, 0])
+    adj.perm = torch.tensor([1, 0])
+    assert adj.inv_perm.tolist() == [1, 0]
