@@ -117,3 +117,38 @@ class _GraphFirst(torch.nn.Module):
 
     def forward(self, x, graph):
         return self.layer(graph, x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_cached_sgconv_trained_under_autocast_evaluates_without_it(device):
+    """A cached SGConv keeps its propagated features in float32 as stock's does, so a call
+    without autocast after the first one under it works, for PyG and DGL alike; a bias added
+    without a weight stays in the autocast dtype."""
+    import torch_geometric.nn as stock_pyg
+
+    import fgplugin.pyg as pyg_ours
+    case = clustered_case(9, n_src=300)
+    x = torch.randn(300, FEATURES, generator=torch.Generator().manual_seed(1)).to(device)
+    edge_index = case.edge_index.to(device)
+    stock, ours = stock_pyg.SGConv(FEATURES, 16, K=2, cached=True).to(device), \
+        pyg_ours.SGConv(FEATURES, 16, K=2, cached=True).to(device)
+    ours.load_state_dict(stock.state_dict())
+    for layer in (stock, ours):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            layer(x, edge_index)
+    assert ours._cached_x.dtype == stock._cached_x.dtype == torch.float32
+    assert rel_error(ours(x, edge_index), stock(x, edge_index)) <= 1e-5
+    dgl = require_dgl()
+    import fgplugin.dgl as dgl_ours
+    graph = dgl.graph((case.edge_index[0], case.edge_index[1]), num_nodes=300)
+    try:
+        graph = graph.to(device)
+    except Exception as err:  # DGL's PyPI builds are CPU-only
+        pytest.skip(f"this DGL build cannot use {device}: {err}")
+    sg = dgl_ours.SGConv(FEATURES, 16, k=2, cached=True, allow_zero_in_degree=True).to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        sg(graph, x)
+    assert sg(graph, x).dtype == torch.float32
+    conv = dgl_ours.GraphConv(FEATURES, FEATURES, weight=False, bias=True, allow_zero_in_degree=True).to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        assert conv(graph, x).dtype == torch.bfloat16

@@ -209,7 +209,11 @@ class SGConv(_Named, dgl_conv.SGConv):
                 row_scale = _positive_rsqrt(adj.in_degree(weighted=True, dtype=torch.float64)).to(dtype)
                 col_scale = _positive_rsqrt(adj.out_degree(weighted=True, dtype=torch.float64)).to(dtype)
             aggregation = _aggregation(graph, found, edge_weight, "SGConv", row_scale, col_scale)
-        feat = aggregate(aggregation, feat, hops=self._k, owner=self)
+        if self._cached:  # kept in the input's precision, as stock's: later calls may run without autocast
+            with torch.autocast(feat.device.type, enabled=False):
+                feat = aggregate(aggregation, feat, hops=self._k, owner=self)
+        else:
+            feat = aggregate(aggregation, feat, hops=self._k, owner=self)
         if self.norm is not None:
             feat = self.norm(feat)
         if self._cached:

@@ -1,6 +1,7 @@
 """``SGConv`` whose K propagation steps run on fgplugin's SpMM."""
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor
@@ -36,9 +37,11 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
         if parts is not None:
             return aggregate(aggregation, x, weight=parts[0], bias=parts[1], hops=self.K, owner=self,
                              node_dim=self.node_dim)
-        x = aggregate(aggregation, x, hops=self.K, owner=self, node_dim=self.node_dim)
-        if self.cached:
-            self._cached_x = x
+        if self.cached:  # kept in the input's precision, as stock's: later calls may run without autocast
+            with torch.autocast(x.device.type, enabled=False):
+                x = self._cached_x = aggregate(aggregation, x, hops=self.K, owner=self, node_dim=self.node_dim)
+        else:
+            x = aggregate(aggregation, x, hops=self.K, owner=self, node_dim=self.node_dim)
         return self.lin(x)
 
     def _aggregation(self, n: int, edge_index, edge_weight, dtype):
