@@ -473,6 +473,8 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     the edge weights ``adj.values``, the scales, ``diag`` and ``bias`` (twice, too); works under
     ``torch.compile(fullgraph=True)``. Returns ``[num_dst, width or F]`` in the dtype of ``x``.
     """
+    if not isinstance(adj, TiledAdjacency):  # before anything reads it
+        checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
     prepared = repeated_calls.find(adj, x, row_scale, col_scale, diag, bias, width)
     if prepared is not None:  # a call like an earlier one: its checks and choices hold (fgplugin.repeated_calls)
         return prepared(adj, x, row_scale, col_scale, diag, bias)
@@ -587,6 +589,9 @@ def spmm_vjp(adj: TiledAdjacency, x: torch.Tensor, grad: torch.Tensor, row_scale
     are ``None``. ``grad_values`` is in ``adj``'s CSR order (that of ``adj.values``); scales and
     ``diag`` must be tensors."""
     args, features = op_args(adj, x, row_scale, col_scale, diag, True, "fgplugin.spmm_vjp")
+    if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != (adj.shape[0], features):
+        raise ValueError(f"fgplugin.spmm_vjp: grad must be the output's gradient, of shape {(adj.shape[0], features)}, "
+                         f"got {tuple(getattr(grad, 'shape', ()))}")
     grad = _pad(grad, args.x.shape[1] - features)
     need = (args.values is not None, True, row_scale is not None, col_scale is not None, diag is not None)
     grad_values, grad_x, grad_r, grad_c, grad_d = input_grads(args, grad, need)
@@ -641,6 +646,9 @@ def checked_inputs(adj, x, row_scale, col_scale, diag, name: str, adjoint: bool 
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.dtype.is_floating_point:
         raise ValueError(f"{name}: x must be a 2-D floating-point tensor [num_nodes, F], got "
                          f"{getattr(x, 'dtype', type(x).__name__)} of shape {list(getattr(x, 'shape', []))}")
+    if x.layout != torch.strided:
+        raise ValueError(f"{name}: x must be a dense tensor, got layout {x.layout}; pass x.to_dense() (the PyG "
+                         "and DGL layers take sparse features themselves)")
     n_rows, n_cols = adj.shape
     n_in = n_rows if adjoint else n_cols
     if x.shape[0] != n_in:

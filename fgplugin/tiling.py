@@ -92,7 +92,8 @@ class TiledAdjacency:
     Attributes:
         shape: ``(num_dst_nodes, num_src_nodes)``; square for full-graph training.
         rowptr, col: CSR (int32 while every index fits, int64 beyond), columns sorted per row
-            when built from an edge list.
+            when built from an edge list. Never write them in place: what is built from the
+            structure (transpose, degrees, kernel plans) would not see it; build a new adjacency.
         values: edge weights in CSR order, or ``None`` for unit weights (costs no bytes).
         edge_perm: CSR position -> position in the edge list it was built from, or ``None``.
         tile_size, threshold: tiles are ``tile_size`` square; one is dense above ``threshold``
@@ -106,6 +107,11 @@ class TiledAdjacency:
     def __init__(self, rowptr, col, values, shape, *, tile_size=32, threshold="auto", edge_perm=None,
                  perm=None, _shared=None, _edge_order_dropped=False):
         self.shape = (int(shape[0]), int(shape[1]))
+        if rowptr.dim() != 1 or rowptr.numel() != self.shape[0] + 1 or col.dim() != 1 or self.shape[1] < 0 or \
+                (values is not None and values.shape != col.shape) or int(tile_size) < 1:
+            raise ValueError(f"TiledAdjacency: rowptr must have shape[0] + 1 = {self.shape[0] + 1} entries (it has "
+                             f"{rowptr.numel()}), values one per entry of col, tile_size >= 1; build it with "
+                             "TiledAdjacency.from_edge_index or from_csr, which check the whole graph")
         self.rowptr = rowptr
         self.col = col
         self._values = values
@@ -183,9 +189,13 @@ class TiledAdjacency:
     @outside_inference_mode
     def from_scipy(cls, matrix, **options) -> "TiledAdjacency":
         """From a ``scipy.sparse`` matrix (rows = destination nodes); its data become edge weights
-        unless every entry is 1."""
+        (float64 data kept float64, other real types as float32) unless every entry is 1."""
+        if not hasattr(matrix, "tocsr"):
+            raise TypeError(f"from_scipy takes a scipy.sparse matrix or array, got {type(matrix).__name__}")
         csr = matrix.tocsr()
-        data = torch.from_numpy(csr.data.astype("float32"))
+        if csr.dtype.kind not in "biuf":
+            raise TypeError(f"from_scipy takes real edge weights, got a {csr.dtype} matrix")
+        data = torch.from_numpy(csr.data.astype("float64" if csr.dtype == "float64" else "float32"))
         values = None if bool((data == 1).all()) else data
         return cls.from_csr(torch.from_numpy(csr.indptr.astype("int64")), torch.from_numpy(csr.indices.astype("int64")),
                             values, shape=csr.shape, **options)
@@ -571,12 +581,13 @@ class TiledAdjacency:
     def __setstate__(self, state):
         """Restores a pickled adjacency and checks it as the constructors check their inputs: a
         damaged or hand-edited file raises a ValueError here, before any kernel reads it."""
-        if "format" not in state:  # written before the state had a format: its tile plan is dropped
-            tile_size, threshold = state["tiles"][:2]
-            state = {**state, "tile_size": tile_size, "threshold": threshold}
-        shape = tuple(state["shape"])
         try:
-            rowptr, col, shape = check_csr(state["rowptr"], state["col"], shape)
+            if "format" not in state:  # written before the state had a format: its tile plan is dropped
+                tile_size, threshold = state["tiles"][:2]
+                state = {**state, "tile_size": tile_size, "threshold": threshold}
+            if state.get("format", _STATE_FORMAT) != _STATE_FORMAT:
+                raise ValueError(f"format {state['format']!r}, this fgplugin reads {_STATE_FORMAT}")
+            rowptr, col, shape = check_csr(state["rowptr"], state["col"], tuple(state["shape"]))
             check_tile_options(state["tile_size"], state["threshold"])
             values = state["values"]
             if values is not None:
@@ -586,8 +597,8 @@ class TiledAdjacency:
                 edge_perm = check_perm(edge_perm, col.numel(), col.device, what="edge_perm")
             perm = state["perm"]
             if perm is not None:
-                perm = check_perm(perm, shape[0], col.device)
-        except (TypeError, ValueError, KeyError) as err:
+                perm = check_perm(perm, shape[0], col.device) if shape[0] == shape[1] else _refuse_perm_rectangular()
+        except (TypeError, ValueError, KeyError, IndexError) as err:
             raise ValueError(f"this saved TiledAdjacency is damaged or was edited ({err}); rebuild it from the "
                              "graph's edge_index (e.g. TiledAdjacency.from_edge_index or the BlockReorder "
                              "transform)") from err

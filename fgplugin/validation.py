@@ -73,6 +73,10 @@ def check_csr(rowptr, col, shape):
     n_rows = rowptr.numel() - 1
     if shape is None:
         shape = (n_rows, n_rows)
+    if isinstance(shape, (str, bytes)) or len(shape) != 2 or not all(
+            isinstance(n, int) or (isinstance(n, torch.Tensor) and n.numel() == 1 and not n.is_floating_point())
+            for n in shape) or int(shape[0]) < 0 or int(shape[1]) < 0:
+        raise ValueError(f"shape must be (n_rows, n_cols), two non-negative integers, got {shape!r}")
     shape = (int(shape[0]), int(shape[1]))
     if shape[0] != n_rows:
         raise ValueError(f"shape[0]={shape[0]} does not match rowptr, which describes {n_rows} rows")

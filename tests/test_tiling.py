@@ -448,3 +448,31 @@ def test_index_dtype_and_perm_are_checked():
         adj.perm = torch.tensor([0, 0])
     adj.perm = torch.tensor([1, 0])
     assert adj.inv_perm.tolist() == [1, 0]
+
+
+def test_constructor_scipy_state_and_op_arguments_are_checked():
+    """What the review found unchecked: the class constructor's lengths, a scipy matrix's type
+    and complex data (float64 data keeps its precision), a saved shape or rectangular perm, a
+    missing adjacency, sparse features, a gradient of the wrong shape."""
+    with pytest.raises(ValueError, match="rowptr must have shape"):
+        TiledAdjacency(torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([0, 1, 2, 0, 1]), None, (3, 3))
+    with pytest.raises(TypeError, match="scipy.sparse"):
+        TiledAdjacency.from_scipy(torch.eye(3))
+    with pytest.raises(TypeError, match="real edge weights"):
+        TiledAdjacency.from_scipy(sp.csr_matrix(np.eye(3) * (1 + 2j)))
+    weights = sp.csr_matrix(np.array([[0.0, 1 / 3], [2 / 3, 0.0]]))
+    assert TiledAdjacency.from_scipy(weights).values.dtype == torch.float64
+    with pytest.raises(ValueError, match="shape must be"):
+        TiledAdjacency.from_csr(torch.tensor([0, 1]), torch.tensor([0]), shape=(1,))
+    adj = TiledAdjacency.from_edge_index(torch.tensor([[0, 1], [1, 0]]), size=(2, 3))
+    state = adj.__getstate__()
+    state["perm"] = torch.tensor([1, 0, 2])
+    with pytest.raises(ValueError, match="damaged or was edited"):
+        TiledAdjacency.__new__(TiledAdjacency).__setstate__(state)
+    square = TiledAdjacency.from_edge_index(torch.tensor([[0, 1], [1, 0]]), 2)
+    with pytest.raises(TypeError, match="expects a TiledAdjacency"):
+        fgplugin.spmm(None, torch.randn(2, 3))
+    with pytest.raises(ValueError, match="dense tensor"):
+        fgplugin.spmm(square, torch.randn(2, 3).to_sparse())
+    with pytest.raises(ValueError, match="grad must be the output's gradient"):
+        fgplugin.ops.spmm_vjp(square, torch.randn(2, 3), torch.randn(3, 3))
