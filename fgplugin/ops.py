@@ -473,16 +473,14 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     the edge weights ``adj.values``, the scales, ``diag`` and ``bias`` (twice, too); works under
     ``torch.compile(fullgraph=True)``. Returns ``[num_dst, width or F]`` in the dtype of ``x``.
     """
-    if not isinstance(adj, TiledAdjacency):  # before anything reads it
-        checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
     prepared = repeated_calls.find(adj, x, row_scale, col_scale, diag, bias, width)
     if prepared is not None:  # a call like an earlier one: its checks and choices hold (fgplugin.repeated_calls)
         return prepared(adj, x, row_scale, col_scale, diag, bias)
+    checked = checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")  # before anything reads adj
     # The forward product needs the transpose only for a backward pass.
     with_transpose = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (x, adj.values, row_scale, col_scale, diag))
     given = (row_scale, col_scale, diag)  # as passed: what a kept cuSPARSE fold is found by
-    checked = checked_inputs(adj, x, row_scale, col_scale, diag, "fgplugin.spmm")
     checked_bias, checked_width = bias, width
     if bias is not None or width is not None:
         checked_bias, checked_width = checked_epilogue(x, bias, width, "fgplugin.spmm")

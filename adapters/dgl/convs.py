@@ -9,6 +9,7 @@ which ``local_scope()`` shares and any structural change replaces.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -209,10 +210,8 @@ class SGConv(_Named, dgl_conv.SGConv):
                 row_scale = _positive_rsqrt(adj.in_degree(weighted=True, dtype=torch.float64)).to(dtype)
                 col_scale = _positive_rsqrt(adj.out_degree(weighted=True, dtype=torch.float64)).to(dtype)
             aggregation = _aggregation(graph, found, edge_weight, "SGConv", row_scale, col_scale)
-        if self._cached:  # kept in the input's precision, as stock's: later calls may run without autocast
-            with torch.autocast(feat.device.type, enabled=False):
-                feat = aggregate(aggregation, feat, hops=self._k, owner=self)
-        else:
+        # what is cached stays in the input's precision, as stock's: later calls may run without autocast
+        with torch.autocast(feat.device.type, enabled=False) if self._cached else contextlib.nullcontext():
             feat = aggregate(aggregation, feat, hops=self._k, owner=self)
         if self.norm is not None:
             feat = self.norm(feat)

@@ -1,6 +1,8 @@
 """``SGConv`` whose K propagation steps run on fgplugin's SpMM."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
@@ -37,11 +39,11 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
         if parts is not None:
             return aggregate(aggregation, x, weight=parts[0], bias=parts[1], hops=self.K, owner=self,
                              node_dim=self.node_dim)
-        if self.cached:  # kept in the input's precision, as stock's: later calls may run without autocast
-            with torch.autocast(x.device.type, enabled=False):
-                x = self._cached_x = aggregate(aggregation, x, hops=self.K, owner=self, node_dim=self.node_dim)
-        else:
+        # what is cached stays in the input's precision, as stock's: later calls may run without autocast
+        with torch.autocast(x.device.type, enabled=False) if self.cached else contextlib.nullcontext():
             x = aggregate(aggregation, x, hops=self.K, owner=self, node_dim=self.node_dim)
+        if self.cached:
+            self._cached_x = x
         return self.lin(x)
 
     def _aggregation(self, n: int, edge_index, edge_weight, dtype):

@@ -71,14 +71,15 @@ class BlockReorder(BaseTransform):
         out = data.clone()
         by_name = []  # node attributes that PyG tells from edge attributes by their name alone
         for key, value in data.items():
-            if key in ("perm", "inv_perm", "adj_t", self.edge_weight_key):
+            if key in ("perm", "inv_perm", "adj_t", "edge_index", self.edge_weight_key):
                 continue
-            if key == "edge_index" or (isinstance(value, torch.Tensor) and data.__inc__(key, value) == num_nodes):
+            if isinstance(value, torch.Tensor) and data.__inc__(key, value) == num_nodes:
                 out[key] = _renumbered(key, value, inv_perm, num_nodes)
             elif data.is_node_attr(key):
                 out[key] = _permuted(value, perm, data.__cat_dim__(key, value) if isinstance(value, torch.Tensor) else 0)
                 if num_nodes == data.num_edges and key not in _NODE_KEYS:
                     by_name.append(key)
+        out.edge_index = inv_perm[data.edge_index]  # checked by reorder_graph
         if by_name:
             warnings.warn(f"BlockReorder: this graph has as many nodes as edges, so PyG tells node from edge "
                           f"attributes by name (\"edge\" in the key: an edge attribute); {by_name} were permuted "
@@ -106,8 +107,8 @@ def _permuted(value, perm: torch.Tensor, dim: int):
 
 
 def _renumbered(key: str, value: torch.Tensor, inv_perm: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """An attribute holding node ids (``edge_index``, ``edge_label_index``, ``face``, ...) with
-    the new ids, its entries in their order."""
+    """An attribute holding node ids (``edge_label_index``, ``face``, ...) with the new ids, its
+    entries in their order."""
     if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
         raise TypeError(f"data.{key} holds node ids for PyG ('index' in its name), but its dtype is {value.dtype}; "
                         "store node ids as integers, or rename it")

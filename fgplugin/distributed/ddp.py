@@ -148,7 +148,7 @@ def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: Sha
         picked = picked.float()
     terms = loss_fn(picked, y[mask], reduction="none")
     # Counted in float64 and summed in at least float32: a 16-bit count overflows (fp16: 65504) or rounds.
-    count = torch.tensor([float(terms.numel())], dtype=torch.float64, device=out.device)
+    count = torch.full((1,), float(terms.numel()), dtype=torch.float64, device=out.device)  # a fill, no copy
     dist.all_reduce(count)
     local = terms.sum()
     return local * (ctx.world_size / count.clamp(min=1)[0]).to(local.dtype)
