@@ -106,7 +106,8 @@ def probe_thresholds(adj, *, F: int = 128, dtype: torch.dtype = torch.float32, c
     groups = plan_groups(counts, adj.nnz, candidates, tile_size)
     if len(groups) == 1:  # every candidate makes the same plan: nothing to choose, nothing timed
         return {}
-    return search_groups(groups, time_group)
+    with torch.cuda.device(device):  # the events on the adjacency's device, not the current one
+        return search_groups(groups, time_group)
 
 
 def search_groups(groups: list[list[float]], time_group) -> dict[float, float]:

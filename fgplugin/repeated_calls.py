@@ -40,10 +40,11 @@ MAX_KEPT = 32  # per adjacency: a few layers x widths x grad modes; dropped all 
 
 def key_of(adj, x: torch.Tensor, row_scale, col_scale, diag, bias, width) -> tuple:
     """What a call's decisions depend on, besides the context :func:`find` checks (the edge
-    values' version at ``_VERSION_AT``). Tensors by id and dtype; a float ``diag`` by value."""
+    values' version at ``_VERSION_AT``). Tensors by id and dtype; a float ``diag`` by value; ``x``'s
+    layout, so that a sparse ``x`` meets the full path's check."""
     grad = torch.is_grad_enabled()
     values = adj.values
-    return (x.dtype, x.shape, x.device, grad and x.requires_grad,
+    return (x.dtype, x.layout, x.shape, x.device, grad and x.requires_grad,
             None if row_scale is None else (id(row_scale), row_scale.dtype),
             None if col_scale is None else (id(col_scale), col_scale.dtype),
             (id(diag), diag.dtype) if isinstance(diag, torch.Tensor) else diag,
@@ -56,7 +57,7 @@ def switches() -> tuple:
     return settings.cusparse, settings.block_adaptive, settings.skip_zero_rows
 
 
-_VERSION_AT = 9
+_VERSION_AT = 10
 
 
 def find(adj, x, row_scale, col_scale, diag, bias, width):

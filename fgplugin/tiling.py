@@ -434,12 +434,15 @@ class TiledAdjacency:
 
     def _kept_for_values(self, key):
         """What ``_keep_for_values`` kept under ``key``, or ``None`` when the edge values were
-        written in place since (their ``_version``). Under torch.compile (which cannot read a
-        version) what was kept in eager mode. Values made in inference mode have no version:
-        nothing is kept for them."""
+        written in place since (their ``_version``) or now need a gradient (what was kept without
+        one has no autograd path to them, and ``requires_grad_()`` leaves the version as it was).
+        Under torch.compile (which cannot read a version) what was kept in eager mode. Values made
+        in inference mode have no version: nothing is kept for them."""
         kept = self._cache.get(key)
-        if kept is None or torch.compiler.is_compiling():
-            return None if kept is None else kept[1]
+        if kept is None or (self.values is not None and self.values.requires_grad):
+            return None
+        if torch.compiler.is_compiling():
+            return kept[1]
         if self._values_untracked():
             return None
         return kept[1] if kept[0] == self._values_version() else None

@@ -402,6 +402,27 @@ def test_auto_threshold_probe(monkeypatch):
 
 
 @requires_kernel
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs: an adjacency on the one not current")
+def test_the_probe_times_the_adjacencys_device(monkeypatch):
+    """An adjacency on cuda:1 while cuda:0 is current: the probe's CUDA events are recorded on
+    cuda:1, where its products run (on cuda:0 they would time an idle stream)."""
+    from fgplugin import autotune
+
+    monkeypatch.setattr(autotune, "PROBE_MIN_NNZ", 0)
+    timed_on, timing = [], autotune._device_and_host_ms
+
+    def recording(run, n):
+        timed_on.append(torch.cuda.current_device())
+        return timing(run, n)
+
+    monkeypatch.setattr(autotune, "_device_and_host_ms", recording)
+    adj = _adj(clustered_case(4, n_src=2000, max_hub_edges=900)).to("cuda:1")
+    with torch.cuda.device(0):
+        assert autotune.choose_threshold(adj)["times_ms"]
+    assert timed_on and set(timed_on) == {1}
+
+
+@requires_kernel
 def test_the_probe_keeps_the_plan_it_chose(monkeypatch):
     """The plan of the chosen threshold that the probe built and timed is the one the products
     run, not built a second time; a graph whose candidates all make one plan is not timed."""

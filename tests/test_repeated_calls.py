@@ -325,6 +325,17 @@ def test_bad_arguments_get_the_checks_error_once_calls_are_kept(bad):
         fgplugin.spmm(adj, x, **bad)
 
 
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_sparse_x_gets_the_checks_error_once_a_dense_call_is_kept(layout):
+    _, adj = _case("cpu")
+    x = torch.randn(adj.shape[1], 4)
+    for _ in range(2):
+        fgplugin.spmm(adj, x)
+    sparse = x.to_sparse() if layout == "coo" else x.to_sparse_csr()
+    with pytest.raises(ValueError, match="x must be a dense tensor"):
+        fgplugin.spmm(adj, sparse)
+
+
 def test_a_numpy_diagonal_is_refused_as_before():
     np = pytest.importorskip("numpy")
     _, adj = _case("cpu")

@@ -164,6 +164,30 @@ def test_edge_weight_gradient_through_gcn_norm_matches_dense():
     assert rel_error(weights.grad, dense_w.grad) <= 1e-10
 
 
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float64])
+def test_edge_weights_unfrozen_after_a_call_get_their_full_gradient(x_dtype):
+    """``requires_grad_()`` leaves the weights' version as it was: the normalization and the op's
+    arguments kept by a call made while the weights were frozen (an evaluation, a first step) must
+    not be reused, or the gradient loses the normalization's part or goes missing."""
+    case = [c for c in CASES if c.name == "self_loops"][0]
+    g = torch.Generator().manual_seed(5)
+    weights = torch.rand(case.edge_index.shape[1], generator=g) + 0.1
+    x = torch.randn(40, 3, generator=g, dtype=x_dtype)
+
+    def weight_grad(adj):
+        out = fgplugin.spmm(adj, x, *adj.norm("gcn", dtype=torch.float32))
+        return torch.autograd.grad((out ** 2).sum(), adj.values, allow_unused=True)[0]
+
+    fresh = case.adjacency().with_values(weights.clone().requires_grad_())
+    expected = weight_grad(fresh)
+    adj = case.adjacency().with_values(weights.clone())
+    for _ in range(2):
+        fgplugin.spmm(adj, x, *adj.norm("gcn", dtype=torch.float32))  # frozen: kept on the adjacency
+    adj.values.requires_grad_()
+    got = weight_grad(adj)
+    assert got is not None and rel_error(got, expected) <= 1e-5
+
+
 def test_opcheck():
     """Every op passes torch.library.opcheck (schema, fake kernel, autograd registration, and
     dispatch), with and without inputs that require grad."""
