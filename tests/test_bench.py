@@ -158,8 +158,34 @@ def test_cli_epoch_runs_each_model(tmp_path):
         (m, p, i) for m in ("gcn-input-dropout", "sage") for p in ("fp32", "bf16") for i in ("fgplugin", "pyg-edge_index")}
     assert all(r["ms_median"] > 0 for r in res["rows"] if r["op"] == "epoch")
     assert "Model `sage`, bf16" in (tmp_path / "epoch.md").read_text()
+    # each ratio against fgplugin's row of the same model and precision
+    ms = {(r["model"], r["precision"], r["impl"]): r["ms_median"] for r in res["rows"] if r["op"] == "epoch"}
+    for r in res["rows"]:
+        if r["op"] == "epoch":
+            assert r["vs_fgplugin"] == pytest.approx(r["ms_median"] / ms[(r["model"], r["precision"], "fgplugin")])
     with pytest.raises(SystemExit):
         main(["epoch", "--graphs", "tiny", "--models", "gat", "--device", "cpu", "--out", str(tmp_path)])
+
+
+def test_cli_epoch_baselines_take_the_captured_step_too(tmp_path):
+    """``<baseline>-graphed`` trains the baseline's model by fgplugin.graphed_step (eagerly, with
+    its warning, off CUDA); the warm-up steps and the capture count as preprocessing."""
+    from fgplugin.bench.cli import main
+    from fgplugin.graphed import GraphedStepWarning
+
+    impls = "fgplugin-graphed,cusparse-cached-graphed,pyg-edge_index-graphed,cusparse-cached"
+    with pytest.warns(GraphedStepWarning, match="eagerly"):
+        assert main(["epoch", "--graphs", "tiny", "--impls", impls, "--orders", "original", "--epochs", "2",
+                     "--warmup", "1", "--device", "cpu", "--out", str(tmp_path), "--no-progress"]) == 0
+    rows = json.loads((tmp_path / "epoch.json").read_text())["rows"]
+    pre = {r["impl"]: r for r in rows if r["op"] == "preprocess"}
+    assert {r["impl"] for r in rows if r["op"] == "epoch" and r["ms_median"]} == set(impls.split(","))
+    for impl in impls.split(",")[:3]:
+        assert pre[impl]["capture_ms"] > 0
+        assert pre[impl]["ms_median"] == pytest.approx(pre[impl]["reorder_ms"] + pre[impl]["setup_ms"]
+                                                       + pre[impl].get("input_cache_ms", 0.0)
+                                                       + pre[impl].get("grad_rows_ms", 0.0) + pre[impl]["capture_ms"])
+    assert "capture_ms" not in pre["cusparse-cached"]
 
 
 def _require_dgl():

@@ -19,6 +19,9 @@ Implementations, from the same weights (:func:`reference_weights`):
   the ``fgplugin`` row's gain;
 - ``fgplugin-graphed``: the ``fgplugin`` model trained by :func:`fgplugin.graphed_step` (the whole
   step captured as one CUDA graph; eager, with a warning, off CUDA);
+- ``<baseline>-graphed`` (``GRAPHED_BASELINES``): a baseline's model trained by the same captured
+  step, :func:`fgplugin.graphed_step` on the stock model: the capture is open to any model whose
+  step has no host sync, so these rows tell what fgplugin's captured step gains beyond capture;
 - ``fgplugin-sharded``: the ``fgplugin`` model through fgplugin.distributed on a one-rank process
   group (``shard`` + ``replicate``): the distributed wrapper's cost over ``fgplugin``;
 - ``fgplugin-torch-dropout``: ``fgplugin`` with torch's dropout (``convert(model, dropout=False)``),
@@ -59,12 +62,25 @@ IMPLS = ("fgplugin", "dgl", "dgl-path", "cusparse-cached", "pyg-edge_index", "py
 # fgplugin with torch's dropout only; and fgplugin's model run through fgplugin.distributed on one rank
 # (shard + DDP), whose difference to fgplugin is the distributed wrapper's cost; and fgplugin's model
 # trained by a step captured as one CUDA graph (fgplugin.graphed_step).
-VARIANTS = ("fgplugin-dgl", "fgplugin-kernels", "fgplugin-torch-dropout", "fgplugin-sharded", "fgplugin-graphed")
+# Baselines trained by the captured step too (see the module doc).
+GRAPHED_BASELINES = ("pyg-edge_index-graphed", "pyg-adj_t-graphed", "dgl-path-graphed", "cusparse-cached-graphed")
+VARIANTS = ("fgplugin-dgl", "fgplugin-kernels", "fgplugin-torch-dropout", "fgplugin-sharded", "fgplugin-graphed",
+            *GRAPHED_BASELINES)
 MODELS = ("gcn", "gcn-input-dropout", "sage")
 # the same convs on the same adjacency
 FGPLUGIN_PYG = ("fgplugin", "fgplugin-kernels", "fgplugin-torch-dropout", "fgplugin-graphed")
 # what convert() gives: fgplugin.Dropout
 FGPLUGIN_DROPOUT = ("fgplugin", "fgplugin-dgl", "fgplugin-sharded", "fgplugin-graphed")
+
+
+def captured(impl: str) -> bool:
+    """Whether ``impl`` trains by a step captured as one CUDA graph (fgplugin.graphed_step)."""
+    return impl.endswith("-graphed")
+
+
+def model_impl(impl: str) -> str:
+    """The impl whose model and graph ``impl`` trains: the baseline of a ``GRAPHED_BASELINES`` row."""
+    return impl.removesuffix("-graphed") if impl in GRAPHED_BASELINES else impl
 
 
 class ImplUnavailable(RuntimeError):
@@ -365,6 +381,7 @@ def unavailable(impl: str, device) -> str | None:
 def _import(impl: str, device: torch.device) -> None:
     if impl not in IMPLS + VARIANTS:
         raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS + VARIANTS)}")
+    impl = model_impl(impl)
     if impl in (*FGPLUGIN_PYG, "fgplugin-sharded", "pyg-edge_index", "pyg-adj_t"):
         require_pyg()
         import torch_geometric.nn  # noqa: F401
@@ -416,6 +433,7 @@ def build(impl: str, weights: Weights, edge_index: torch.Tensor, num_nodes: int,
         raise ValueError("the sage model needs root weights: reference_weights(..., root=True)")
     device = edge_index.device
     _import(impl, device)  # imports are not preprocessing: time only the graph objects
+    impl = model_impl(impl)
     start = time.perf_counter()
     if impl in FGPLUGIN_PYG or impl in ("pyg-edge_index", "pyg-adj_t"):
         if impl in FGPLUGIN_PYG:

@@ -60,8 +60,10 @@ def parser() -> argparse.ArgumentParser:
                                      "reddit-like,proteins-like,products-like,archaea-like")
     ap.add_argument("--impls", help="comma list. epoch/reorder/accuracy: fgplugin, dgl, dgl-path, cusparse-cached, "
                                     "pyg-edge_index, pyg-adj_t, fgplugin-kernels, fgplugin-dgl, "
-                                    "fgplugin-torch-dropout, fgplugin-sharded, fgplugin-graphed (default: all that "
-                                    "can run here but fgplugin-sharded and fgplugin-graphed, fgplugin-torch-dropout "
+                                    "fgplugin-torch-dropout, fgplugin-sharded, fgplugin-graphed, and a baseline "
+                                    "trained by the same captured step: pyg-edge_index-graphed, pyg-adj_t-graphed, "
+                                    "dgl-path-graphed, cusparse-cached-graphed (default: all that can run here but "
+                                    "fgplugin-sharded and the -graphed ones, fgplugin-torch-dropout "
                                     "on CPU only; accuracy: pyg-edge_index,fgplugin). spmm/threshold: fgplugin, "
                                     "fgplugin-nodense, fgplugin-csr, fgplugin-t2, fgplugin-t5, fgplugin-t10, "
                                     "cusparse-cached (default: all; threshold: fgplugin and fgplugin-t*)")

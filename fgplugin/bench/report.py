@@ -52,12 +52,14 @@ def result(suite: str, rows: list[dict], device, argv=None, commit: str | None =
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """``vs_fgplugin`` on every epoch/train200 row: this impl's time / fgplugin's on the same graph
-    and order (> 1: fgplugin is faster)."""
-    fg = {(r["graph"], r["order"], r["op"]): r["ms_median"] for r in rows
-          if r.get("impl") == "fgplugin" and r.get("ms_median")}
+    """``vs_fgplugin`` on every epoch/train200 row: this impl's time / fgplugin's on the same graph,
+    order, model and precision (> 1: fgplugin is faster)."""
+    def key_of(r):
+        return r.get("graph"), r.get("order"), r.get("op"), r.get("model"), r.get("precision")
+
+    fg = {key_of(r): r["ms_median"] for r in rows if r.get("impl") == "fgplugin" and r.get("ms_median")}
     for r in rows:
-        key = (r.get("graph"), r.get("order"), r.get("op"))
+        key = key_of(r)
         if r.get("op") in ("epoch", "train200") and r.get("ms_median") and fg.get(key):
             r["vs_fgplugin"] = r["ms_median"] / fg[key]
 
@@ -161,7 +163,8 @@ def reorder_summary(rows: list[dict]) -> str:
 
 
 def draw(res: dict, path: Path, log=print) -> bool:
-    """Bar chart of epoch ms per graph (log scale), one bar per (impl, order); False when skipped."""
+    """Bar chart of epoch ms per graph (log scale), one bar per (impl, order, model, precision); False
+    when skipped."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -180,14 +183,17 @@ def draw(res: dict, path: Path, log=print) -> bool:
     if not any(value(r) for r in rows):
         return False  # every row failed: nothing to draw
     graphs = list(dict.fromkeys(r["graph"] for r in rows))
-    keys = list(dict.fromkeys((r["impl"], r["order"]) for r in rows))
-    data = {(r["graph"], r["impl"], r["order"]): value(r) for r in rows}
+    # a bar per impl, order, model and precision; the label names the last two where they vary
+    keys = list(dict.fromkeys((r["impl"], r["order"], r.get("model"), r.get("precision")) for r in rows))
+    varies = [len({k[i] for k in keys}) > 1 for i in (2, 3)]
+    data = {(r["graph"], r["impl"], r["order"], r.get("model"), r.get("precision")): value(r) for r in rows}
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(graphs) * len(keys) / 4), 4.5))
     width = 0.8 / len(keys)
-    for i, (impl, order) in enumerate(keys):
+    for i, (impl, order, model, precision) in enumerate(keys):
         xs = [g + (i - (len(keys) - 1) / 2) * width for g in range(len(graphs))]
-        ys = [data.get((g, impl, order)) or 0 for g in graphs]
-        ax.bar(xs, ys, width, label=f"{impl} ({order})", hatch="//" if order != "original" else None)
+        ys = [data.get((g, impl, order, model, precision)) or 0 for g in graphs]
+        label = ", ".join([order] + [v for v, shown in zip((model, precision), varies) if shown])
+        ax.bar(xs, ys, width, label=f"{impl} ({label})", hatch="//" if order != "original" else None)
     ax.set_xticks(range(len(graphs)), graphs)
     if op == "epoch":
         ax.set_yscale("log")
