@@ -117,6 +117,10 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
             # which a trial of the two forms switches (computed only for a layer that keeps its call)
             width = graph.vector_width(weight.shape[1], _product_dtype(x, weight))
             layer_calls.decided(owner, layer_calls.KEPT_INPUT, graph.adj, graph.norm, width)
+        if weight is None and bias is None:
+            # a copy, as stock's output is a fresh tensor: an in-place op on it (an activation, the
+            # user's own writes, DGL SGConv's norm) must not reach what later calls are served
+            return kept.clone()
         return transform_with_bias(kept, weight, bias)
     if weight is not None and weight.shape[0] > weight.shape[1]:
         return _aggregate_transformed(graph, x, weight, bias, hops, node_dim, owner)

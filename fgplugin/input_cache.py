@@ -73,8 +73,9 @@ class _Key:
         if len(deps) != len(self._parts):
             return False
         for obj, (by_ref, held, version) in zip(deps, self._parts):
-            if by_ref:
-                if held() is not obj or (isinstance(obj, Tensor) and obj._version != version):
+            if by_ref:  # a dead reference never matches: its object is gone, whatever this call passes
+                now = held()
+                if now is None or now is not obj or (isinstance(obj, Tensor) and obj._version != version):
                     return False
             elif type(obj) is not type(held) or obj != held:
                 return False

@@ -76,7 +76,8 @@ def _is(held, obj) -> bool:
     if isinstance(held, tuple):
         return isinstance(obj, tuple) and len(held) == len(obj) and all(_is(h, o) for h, o in zip(held, obj))
     if isinstance(held, weakref.ref):
-        return held() is obj
+        now = held()
+        return now is not None and now is obj
     return held is obj or (type(held) is type(obj) and held == obj)
 
 

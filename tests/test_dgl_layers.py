@@ -281,6 +281,51 @@ def test_constant_input_aggregation_is_kept(layer, case, monkeypatch):
         fgplugin.set_input_cache(previous)
 
 
+@pytest.mark.parametrize("layer, args", [("GraphConv", (6, 3, "right")), ("GraphConv", (6, 3, "none")),
+                                         ("SAGEConv", (6, 3, "mean")), ("SGConv", (6, 3))], ids=str)
+def test_graphs_restricted_to_csc_run_on_fgplugin(layer, args):
+    """``graph.formats("csc")`` (DGL's memory-saving option; stock's layers run on it where they
+    need in-degrees only) has no COO, which ``graph.edges(order="eid")`` needs: fgplugin reads the
+    edges from the CSC."""
+    graph = graph_case("homo-loops")
+    stock, ours = make_pair(layer, *args)  # no edge weights: stock's gradient for them needs CSR or COO
+    run_pair(stock, ours, graph.formats("csc"), torch.randn(graph.num_src_nodes(), 6))
+
+
+@pytest.mark.parametrize("layer", ["GraphConv", "SAGEConv", "SGConv"])
+def test_edge_weights_freed_after_their_call_are_not_taken_for_none(layer):
+    """The kept aggregation holds its edge weights weakly: once a temporary weight tensor is freed,
+    a call without edge weights must get the unweighted result, not the one kept for it."""
+    graph = graph_case("homo-loops")
+    args = {"GraphConv": (6, 3), "SAGEConv": (6, 3, "mean"), "SGConv": (6, 3)}[layer]
+    stock, ours = make_pair(layer, *args)
+    feat = torch.randn(graph.num_src_nodes(), 6)
+    previous = fgplugin.set_input_cache(True)
+    try:
+        ours(graph, feat)  # x seen
+        ours(graph, feat, edge_weight=torch.rand(graph.num_edges()) + 0.5)  # kept for these weights, then freed
+        assert rel_err(ours(graph, feat), stock(graph, feat)) < TOL
+    finally:
+        fgplugin.set_input_cache(previous)
+
+
+def test_an_aggregation_served_as_the_output_is_a_fresh_tensor():
+    """GraphConv without weight and bias on a constant input serves its kept aggregation: an
+    in-place activation or a write to one call's output must not reach later calls."""
+    graph = graph_case("homo-loops")
+    stock, ours = make_pair("GraphConv", 6, 6, weight=False, bias=False, activation=lambda t: t.mul_(2.0))
+    feat = torch.randn(graph.num_src_nodes(), 6)
+    previous = fgplugin.set_input_cache(True)
+    try:
+        for _ in range(4):
+            out = ours(graph, feat)
+            assert rel_err(out, stock(graph, feat)) < TOL
+            out.add_(1.0)
+        assert fgplugin.input_cache.of(ours).holds
+    finally:
+        fgplugin.set_input_cache(previous)
+
+
 @pytest.mark.parametrize("layer", ["GraphConv", "SAGEConv", "SGConv"])
 def test_checkpointed_layers_train_as_stock_from_the_first_step(layer):
     """Under non-reentrant activation checkpointing the input cache stays out (the recomputation

@@ -125,6 +125,35 @@ def test_changed_input_is_seen(spmm_calls):
     assert not input_cache.of(ours).holds
 
 
+@pytest.mark.parametrize("config", ["gcn-wide-in", "gcn-narrow-in", "sg"])
+def test_edge_weights_freed_after_their_call_are_not_taken_for_none(config):
+    """A kept aggregation is keyed by its edge weights' tensor, weakly: once that tensor is freed
+    (a temporary), a later call without edge weights must not match the dead reference."""
+    ei, n = graph()
+    stock, ours = pair(config)
+    x = torch.randn(n, stock.in_channels)
+    for _ in range(2):
+        ours(x, ei)
+    for _ in range(2):
+        ours(x, ei, torch.rand(ei.shape[1]) + 0.5)  # kept for these weights, freed after the call
+    assert rel_err(ours(x, ei), stock(x, ei)) < TOL
+
+
+def test_a_layer_without_weights_returns_a_fresh_tensor_each_call():
+    """LGConv on a constant input serves its kept aggregation: an in-place write to one call's
+    output (an in-place activation, the user's own) must not reach the next call's."""
+    ei, n = graph()
+    stock, ours = pyg_nn.LGConv(), fp.LGConv()
+    x = torch.randn(n, 8)
+    outputs = []
+    for _ in range(4):
+        out = ours(x, ei)
+        assert rel_err(out, stock(x, ei)) < TOL and all(out is not o for o in outputs)
+        out.mul_(3.0).add_(1.0)
+        outputs.append(out)
+    assert input_cache.of(ours).holds
+
+
 def test_never_kept_where_gradients_flow_through_the_aggregation(spmm_calls):
     ei, n = graph()
     stock, ours = pair("gcn-wide-in")

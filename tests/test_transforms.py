@@ -178,3 +178,8 @@ def test_dgl_transform_keeps_the_id_type_and_refuses_batches():
     assert torch.equal(perm[src.long()], data.edge_index[0]) and torch.equal(out.edata["w"], data.edge_weight)
     with pytest.raises(ValueError, match="not a batch of 2"):
         fd.BlockReorder()(dgl.batch([g, g]))
+    for formats in ("csc", "csr"):  # restricted formats (no COO): the same edges, in their order
+        out = fd.BlockReorder(method="degsort")(g.formats(formats))
+        src, dst = out.edges(order="eid")
+        assert torch.equal(out.ndata["perm"][src.long()], data.edge_index[0]), formats
+        assert torch.equal(out.ndata["perm"][dst.long()], data.edge_index[1]), formats

@@ -49,11 +49,28 @@ def structure(graph) -> Structure | None:
 @torch.compiler.disable
 @outside_inference_mode
 def _build_structure(graph) -> Structure:
-    src, dst = graph.edges(order="eid")
+    src, dst = edges_by_id(graph)
     adj = TiledAdjacency.from_edge_index(torch.stack([src, dst]), size=(graph.num_src_nodes(), graph.num_dst_nodes()))
     built = Structure(adj, bool((adj.in_degree() == 0).any()))
     graph._graph._fgplugin_structure = built
     return built
+
+
+def edges_by_id(graph) -> tuple[Tensor, Tensor]:
+    """``(src, dst)`` of every edge in edge-id order, whichever sparse formats the graph allows:
+    ``graph.edges(order="eid")`` needs COO, which a graph restricted by ``graph.formats("csc")``
+    (DGL's memory-saving option) or ``"csr"`` does not have."""
+    allowed = {f for formats in graph.formats().values() for f in formats}
+    if "coo" in allowed:
+        return graph.edges(order="eid")
+    fmt = "csc" if "csc" in allowed else "csr"
+    indptr, indices, eids = graph.adj_tensors(fmt)  # CSC: rows are destinations, CSR: sources
+    rows = torch.repeat_interleave(torch.arange(indptr.numel() - 1, dtype=indices.dtype, device=indices.device),
+                                   indptr.diff())
+    by_row = (indices, rows) if fmt == "csc" else (rows, indices)
+    src, dst = torch.empty_like(indices), torch.empty_like(indices)
+    src[eids.long()], dst[eids.long()] = by_row
+    return src, dst
 
 
 def _served(graph, feat_src: Tensor, edge_weight) -> Structure | None:

@@ -6,7 +6,7 @@ import torch
 from fgplugin.preprocess import check_cache_option, reorder_graph
 
 from ._import_shim import import_dgl
-from .convs import Structure
+from .convs import Structure, edges_by_id
 
 dgl = import_dgl()
 from dgl.transforms import BaseTransform  # noqa: E402  (after the import shim)
@@ -40,7 +40,7 @@ class BlockReorder(BaseTransform):
             raise ValueError(f"BlockReorder reorders one graph, not a batch of {g.batch_size}: its ordering would "
                              "mix the graphs' nodes. Apply it to each graph before dgl.batch")
         n = g.num_nodes()
-        src, dst = g.edges(order="eid")
+        src, dst = edges_by_id(g)
         adj = reorder_graph(torch.stack([src, dst]), n, method=self.method, parts=self.parts, seed=self.seed,
                             tile_size=self.tile_size, threshold=self.threshold, cache=self.cache)
         perm, new_ids = adj.perm, adj.inv_perm.to(g.idtype)  # the id type kept: dgl.batch needs one for all graphs
