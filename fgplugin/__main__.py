@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = {"bench": "run a benchmark suite (epoch, accuracy, reorder, spmm, threshold, scaling)"}
+COMMANDS = {"bench": "run a benchmark suite (epoch, accuracy, reorder, host, spmm, threshold, scaling)"}
 
 
 def main(argv=None) -> int:

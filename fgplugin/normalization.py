@@ -45,7 +45,12 @@ class Normalization(NamedTuple):
 
 def normalization(adj, kind: str = "gcn", *, add_self_loops: bool = True, improved: bool = False,
                   dtype: torch.dtype | None = None) -> Normalization:
-    """Scales of normalization ``kind`` for ``adj`` (see the module docstring); O(nnz) once.
+    """Scales of normalization ``kind`` for ``adj``, for ``diag(r) (A + diag(d)) diag(c) X``;
+    O(nnz) once. ``kind``: ``"gcn"`` (PyG's ``gcn_norm``: D^-1/2 (A + I) D^-1/2 on weighted
+    degrees, a self loop only where a node has none, of weight 2 with ``improved``; LGConv's with
+    ``add_self_loops=False``), DGL ``GraphConv``'s ``"both"``, ``"right"``, ``"left"``, ``"none"``
+    (on edge counts, clamped at 1), or ``"mean"`` (1 / in-degree). The table of the kinds is in
+    fgplugin/normalization.py.
 
     By default they are float64, exact to float64 rounding, and ``spmm`` rounds them to the
     precision of the features it multiplies (float32 for float32 and 16-bit features), so float64

@@ -216,7 +216,7 @@ def _run_spmm(args, argv, ap) -> int:
         return 2
     why = spmm.unavailable_reason()
     if why:
-        _log(f"fgplugin bench {args.suite}: {why}. Nothing was run. (The CPU suites: epoch, reorder, accuracy.)")
+        _log(f"fgplugin bench {args.suite}: {why}. Nothing was run. (The CPU suites: epoch, reorder, accuracy, host.)")
         return 2
     import torch
 
