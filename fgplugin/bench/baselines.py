@@ -434,6 +434,8 @@ def build(impl: str, weights: Weights, edge_index: torch.Tensor, num_nodes: int,
     device = edge_index.device
     _import(impl, device)  # imports are not preprocessing: time only the graph objects
     impl = model_impl(impl)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the previous impl's queued work is not this one's setup
     start = time.perf_counter()
     if impl in FGPLUGIN_PYG or impl in ("pyg-edge_index", "pyg-adj_t"):
         if impl in FGPLUGIN_PYG:

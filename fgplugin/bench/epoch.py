@@ -480,7 +480,7 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
     ``checkpoint(rows)`` is called after each graph (to write partial results).
 
     ``rounds`` > 1 builds every impl of a graph first and times their ``epochs`` steps in that many
-    rounds, the impls taking turns, so that a slow spell of the host (launch-bound steps of a few
+    rounds, the impls taking turns (in an order rotated by one each round), so that a slow spell of the host (launch-bound steps of a few
     ms moved by up to 24% within seconds on a lent H100) falls on all of them alike; peak memory
     is then not recorded (the other impls' models are alive). ``rounds=1`` times one impl after
     the other, each alone in memory (the large graphs)."""
@@ -539,7 +539,8 @@ def _impl_rows(problem: Problem, impls, epochs: int, hidden: int, seed: int, war
     runs = [ImplRun(problem, impl, hidden, seed, warmup, model, precision) for impl in impls]
     for r in range(rounds):
         steps = epochs // rounds + (r < epochs % rounds)
-        for run in runs:
+        turn = r % len(runs)  # each round starts with the next impl: no impl always runs first
+        for run in runs[turn:] + runs[:turn]:
             run.time(steps)
     for run in runs:
         yield run.impl, run.finish()
