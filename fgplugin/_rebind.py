@@ -128,3 +128,34 @@ class AdapterSwaps:
         adapter's patch holds it)."""
         _DROPOUT_SWAP.unpatch(self)
         self.convs.unpatch()
+
+
+def adapter_functions(swaps: AdapterSwaps, module: str, *, layers: str, patched: str, stock_classes: str):
+    """An adapter's ``convert``, ``patch`` and ``unpatch`` (``module``: the adapter's module name),
+    whose ``help()`` names its ``layers``, the names ``patch`` rebinds (``patched``) and the stock
+    classes to test ``isinstance`` against after a patch (``stock_classes``)."""
+
+    def convert(model: torch.nn.Module, *, dropout: bool = True) -> torch.nn.Module:
+        return swaps.convert(model, dropout=dropout)
+
+    def patch(*, dropout: bool = False) -> None:
+        swaps.patch(dropout=dropout)
+
+    def unpatch() -> None:
+        swaps.unpatch()
+
+    convert.__doc__ = f"""Swaps the stock {layers} layers of ``model`` for fgplugin's, **in place** (the same
+    module objects change class; weights, settings and hooks kept; no copy), and returns ``model``.
+
+    ``dropout``: also swap ``torch.nn.Dropout`` for :class:`fgplugin.Dropout` (the same
+    distribution; a parallel mask on CPUs, torch's dropout on GPUs); ``False`` keeps torch's.
+    Subclasses of the stock layers are left as they are (they may override what fgplugin's layers
+    replace)."""
+    patch.__doc__ = f"""Makes {patched} fgplugin's layers in every imported module, for scripts that build
+    their models themselves; ``dropout=True`` also swaps ``torch.nn.Dropout``. The patched names
+    then miss stock layers in ``isinstance`` (built before, unpickled, torch's own modules'
+    dropout): test against {stock_classes}. :func:`unpatch` undoes it."""
+    unpatch.__doc__ = "Undoes :func:`patch`."
+    for function in (convert, patch, unpatch):
+        function.__module__, function.__qualname__ = module, function.__name__
+    return convert, patch, unpatch
