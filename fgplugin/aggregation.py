@@ -90,7 +90,8 @@ class Aggregation(NamedTuple):
 
 
 def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | None = None, hops: int = 1,
-              owner: torch.nn.Module | None = None, settings: tuple = (), node_dim: int = 0) -> Tensor:
+              owner: torch.nn.Module | None = None, settings: tuple = (), node_dim: int = 0,
+              fresh: bool = False) -> Tensor:
     r"""``(Â^hops x) weight + bias`` over ``graph`` (see the module doc), with the shortcuts.
 
     Args:
@@ -104,6 +105,8 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
             a layer that asked for it (fgplugin.layer_calls) also gets this call's decision noted.
         settings: the owner's options that change the aggregation beyond ``graph.key``.
         node_dim: the node dimension of ``x``.
+        fresh: the caller hands the result to code that may write to it in place (the user's, an
+            activation): without ``weight`` and ``bias`` a kept aggregation is then copied.
     """
     if x.layout != torch.strided:  # sparse features: the stock order, no shortcuts
         out = _propagate(graph, x if weight is None else x @ weight, hops, node_dim)
@@ -117,7 +120,7 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
             # which a trial of the two forms switches (computed only for a layer that keeps its call)
             width = graph.vector_width(weight.shape[1], _product_dtype(x, weight))
             layer_calls.decided(owner, layer_calls.KEPT_INPUT, graph.adj, graph.norm, width)
-        if weight is None and bias is None:
+        if fresh and weight is None and bias is None:
             # a copy, as stock's output is a fresh tensor: an in-place op on it (an activation, the
             # user's own writes, DGL SGConv's norm) must not reach what later calls are served
             return kept.clone()

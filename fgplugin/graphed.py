@@ -57,6 +57,7 @@ the step runs eagerly and fgplugin warns once, saying why.
 """
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Callable
 
@@ -82,7 +83,7 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
         raise ValueError(f"warmup must be at least 1 (the capture needs the step run once), got {warmup}")
     step = _GraphedStep(model, optimizer, loss_fn, inputs, autocast, before_step)
     if step.device is None or step.device.type != "cuda":
-        _fall_back(f"CUDA graphs need the model and inputs on a CUDA device, not {step.device}")
+        step.fall_back(f"CUDA graphs need the model and inputs on a CUDA device, not {step.device}")
         for _ in range(warmup):  # the same training as a captured step's
             step.eager()
         return step
@@ -105,7 +106,8 @@ MAX_CAPTURES_IN_A_ROW = 3
 class _GraphedStep:
     """What :func:`graphed_step` returns: ``step()`` replays the captured step, or trains eagerly
     where there is none; ``step.graph`` is the CUDA graph in use (``None`` where the step runs
-    eagerly), ``step.captures`` how many were made."""
+    eagerly), ``step.captures`` how many were made, ``step.capture_s`` the seconds the last one
+    took, ``step.fallback_reason`` why the step last ran eagerly (``None`` if it never did)."""
 
     def __init__(self, model, optimizer, loss_fn, inputs, autocast, before_step):
         self.model, self.optimizer, self.loss_fn, self.inputs = model, optimizer, loss_fn, inputs
@@ -118,6 +120,12 @@ class _GraphedStep:
         self._capturable: list[dict] = []
         self._captures_in_a_row = 0
         self.captures = 0  # captures made (the first, and one per change seen since)
+        self.capture_s = self.fallback_reason = None
+
+    def fall_back(self, reason: str) -> None:
+        """Notes why the step runs eagerly, and says so once per reason in the process."""
+        self.fallback_reason = reason
+        _fall_back(reason)
 
     # ------------------------------------------------------------------ one step, eagerly
     def _train(self) -> torch.Tensor:
@@ -164,6 +172,8 @@ class _GraphedStep:
         """Captures the step (after a warm-up). Where the capture fails: restores the optimizer,
         says why once, and returns False (the step runs eagerly)."""
         first_error = None  # the step's own error: ending the capture after it fails too, and says less
+        torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
         try:
             self.prepare_optimizer()
             graph, holds = torch.cuda.CUDAGraph(), []
@@ -180,6 +190,8 @@ class _GraphedStep:
             self.graph, self._loss, self._holds = graph, loss, holds
             self._state = _CapturedState(self.model, self.optimizer, self.inputs)
             self.captures += 1
+            torch.cuda.synchronize(self.device)
+            self.capture_s = time.perf_counter() - start
             return True
         except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why
             err = first_error or err
@@ -187,7 +199,7 @@ class _GraphedStep:
             self._run_eagerly()
             torch.cuda.synchronize(self.device)
             self.optimizer.zero_grad(set_to_none=True)
-            _fall_back(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
+            self.fall_back(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
             return False
 
     def _run_eagerly(self) -> None:
@@ -210,7 +222,7 @@ class _GraphedStep:
         self._holds = []
         if self._captures_in_a_row >= MAX_CAPTURES_IN_A_ROW:
             self._run_eagerly()
-            _fall_back(f"its inputs or optimizer changed on {MAX_CAPTURES_IN_A_ROW} calls in a row, each needing a "
+            self.fall_back(f"its inputs or optimizer changed on {MAX_CAPTURES_IN_A_ROW} calls in a row, each needing a "
                        "new capture (OneCycleLR and CyclicLR change Adam's betas every step unless "
                        "cycle_momentum=False; an SGD's learning rate is fixed in a capture, so a scheduler "
                        "stepped every step changes it)")
@@ -220,7 +232,7 @@ class _GraphedStep:
             loss = self.warm_up(1)
         except Exception as err:
             self._run_eagerly()  # the optimizer back as the user made it, for the calls that follow
-            _fall_back(f"a training step before capturing it again raised {type(err).__name__}")
+            self.fall_back(f"a training step before capturing it again raised {type(err).__name__}")
             raise
         self.capture()
         return loss

@@ -700,8 +700,7 @@ def _adjacency_args(adj: TiledAdjacency, dtype: torch.dtype, transpose: bool) ->
         t_plan = adj.kernel_plan(dtype, transpose=True)
     parts = (adj.rowptr, adj.col, values, *_plan_args(adj.kernel_plan(dtype)), t_rowptr, t_col, t_values,
              *_plan_args(t_plan))
-    if not compiling and (values is None or not values.requires_grad):
-        adj._keep_for_values(key, parts)
+    adj._keep_for_values(key, parts)  # not while the values need grad, nor under torch.compile
     return parts
 
 

@@ -407,15 +407,14 @@ class TiledAdjacency:
         return hold(cached)
 
     def transposed_values(self, values: torch.Tensor) -> torch.Tensor:
-        """``values`` (``self.values``, already cast) reordered for A^T; cached unless they need
-        grad, and rebuilt after an in-place write to ``self.values``."""
+        """``values`` (``self.values``, already cast) reordered for A^T; kept unless they need
+        grad (:meth:`_keep_for_values`), and rebuilt after an in-place write to ``self.values``."""
         key = ("t_values", values.dtype)
         kept = self._kept_for_values(key)
         if kept is not None:
             return kept
         t_values = values[self.transpose()[2].long()]
-        if not values.requires_grad:
-            self._keep_for_values(key, t_values)
+        self._keep_for_values(key, t_values)
         return t_values
 
     @outside_inference_mode
@@ -428,8 +427,7 @@ class TiledAdjacency:
         if kept is not None:
             return kept
         scales = normalization(self, kind, **options)
-        if self.values is None or not self.values.requires_grad:
-            self._keep_for_values(key, scales)
+        self._keep_for_values(key, scales)
         return scales
 
     def _kept_for_values(self, key):
@@ -439,7 +437,7 @@ class TiledAdjacency:
         Under torch.compile (which cannot read a version) what was kept in eager mode. Values made
         in inference mode have no version: nothing is kept for them."""
         kept = self._cache.get(key)
-        if kept is None or (self.values is not None and self.values.requires_grad):
+        if kept is None or self._values_need_grad():
             return None
         if torch.compiler.is_compiling():
             return kept[1]
@@ -448,8 +446,15 @@ class TiledAdjacency:
         return kept[1] if kept[0] == self._values_version() else None
 
     def _keep_for_values(self, key, value) -> None:
-        if not torch.compiler.is_compiling() and not self._values_untracked():
-            self._cache[key] = self._values_version(), value
+        """Keeps ``value`` for :meth:`_kept_for_values`, except under torch.compile, for values
+        made in inference mode, and while the values need a gradient (``value`` then belongs to
+        this call's autograd graph, and would never be read)."""
+        if torch.compiler.is_compiling() or self._values_untracked() or self._values_need_grad():
+            return
+        self._cache[key] = self._values_version(), value
+
+    def _values_need_grad(self) -> bool:
+        return self.values is not None and self.values.requires_grad
 
     def _values_untracked(self) -> bool:
         return self.values is not None and self.values.is_inference()

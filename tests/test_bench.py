@@ -167,25 +167,57 @@ def test_cli_epoch_runs_each_model(tmp_path):
         main(["epoch", "--graphs", "tiny", "--models", "gat", "--device", "cpu", "--out", str(tmp_path)])
 
 
-def test_cli_epoch_baselines_take_the_captured_step_too(tmp_path):
-    """``<baseline>-graphed`` trains the baseline's model by fgplugin.graphed_step (eagerly, with
-    its warning, off CUDA); the warm-up steps and the capture count as preprocessing."""
+def test_cli_epoch_baselines_take_the_captured_step_too(tmp_path, monkeypatch):
+    """``<baseline>-graphed`` trains the baseline's model by fgplugin.graphed_step: off CUDA
+    eagerly (its warning; the rows say ``captured: false`` and count no capture)."""
+    from fgplugin import graphed
     from fgplugin.bench.cli import main
-    from fgplugin.graphed import GraphedStepWarning
 
+    monkeypatch.setattr(graphed, "_warned", set())  # graphed_step says a reason once per process
     impls = "fgplugin-graphed,cusparse-cached-graphed,pyg-edge_index-graphed,cusparse-cached"
-    with pytest.warns(GraphedStepWarning, match="eagerly"):
+    with pytest.warns(graphed.GraphedStepWarning, match="eagerly"):
         assert main(["epoch", "--graphs", "tiny", "--impls", impls, "--orders", "original", "--epochs", "2",
                      "--warmup", "1", "--device", "cpu", "--out", str(tmp_path), "--no-progress"]) == 0
     rows = json.loads((tmp_path / "epoch.json").read_text())["rows"]
     pre = {r["impl"]: r for r in rows if r["op"] == "preprocess"}
     assert {r["impl"] for r in rows if r["op"] == "epoch" and r["ms_median"]} == set(impls.split(","))
-    for impl in impls.split(",")[:3]:
-        assert pre[impl]["capture_ms"] > 0
-        assert pre[impl]["ms_median"] == pytest.approx(pre[impl]["reorder_ms"] + pre[impl]["setup_ms"]
-                                                       + pre[impl].get("input_cache_ms", 0.0)
-                                                       + pre[impl].get("grad_rows_ms", 0.0) + pre[impl]["capture_ms"])
-    assert "capture_ms" not in pre["cusparse-cached"]
+    for r in rows:
+        assert r.get("captured") is (False if r["impl"].endswith("-graphed") else None)
+        assert "capture_ms" not in r
+
+
+class _FakeCapturedStep:
+    """Stands in for graphed_step's object on the CPU: ``recaptures_at`` the call that captures again."""
+
+    def __init__(self, graph, recaptures_at=None):
+        self.graph, self.captures, self.capture_s, self.calls = graph, 1, 0.005, 0
+        self.fallback_reason, self.recaptures_at = "RuntimeError: no capture here", recaptures_at
+
+    def __call__(self):
+        self.calls += 1
+        if self.calls == self.recaptures_at:
+            self.captures += 1
+
+
+@pytest.mark.parametrize("step, error", [(_FakeCapturedStep(object()), None),
+                                         (_FakeCapturedStep(None), "could not be captured: RuntimeError: no capture"),
+                                         (_FakeCapturedStep(object(), recaptures_at=2), "captured again while timed")],
+                         ids=["captured", "not-captured", "captured-again"])
+def test_a_captured_row_counts_its_capture_and_refuses_an_eager_step(monkeypatch, step, error):
+    """Where steps are captured (CUDA; here a stand-in step): the capture's seconds go to the
+    preprocess row; a step that was not captured, or was captured again while timed, is the row's
+    error, not an eager row under a captured name."""
+    from fgplugin.bench import epoch
+
+    monkeypatch.setattr(epoch, "_can_capture", lambda device: True)
+    monkeypatch.setattr(epoch, "warmed_up_step", lambda *args, **kwargs: step)
+    rows = epoch.run_one(epoch.load("tiny", "cpu"), "cusparse-cached-graphed", epochs=3, hidden=8, warmup=1)
+    by_op = {r["op"]: r for r in rows}
+    if error is None:
+        assert by_op["epoch"]["captured"] is True and by_op["preprocess"]["capture_ms"] == pytest.approx(5.0)
+        assert by_op["preprocess"]["ms_median"] == pytest.approx(by_op["preprocess"]["setup_ms"] + 5.0)
+    else:
+        assert all(error in r["error"] and r["ms_median"] is None for r in rows)
 
 
 def _require_dgl():

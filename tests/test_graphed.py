@@ -81,11 +81,13 @@ def _graphed_losses(model, x, edge_index, y, idx, steps):
     return step, [float(step()) for _ in range(steps)]
 
 
-def test_on_the_cpu_the_step_runs_eagerly_with_one_warning():
+def test_on_the_cpu_the_step_runs_eagerly_with_one_warning(monkeypatch):
+    monkeypatch.setattr(fgplugin.graphed, "_warned", set())  # once per reason and process: not another test's
     x, edge_index, y, idx, model, reference = _model_and_reference("cpu")
     with pytest.warns(GraphedStepWarning, match="CUDA graphs need the model and inputs on a CUDA device"):
         step, losses = _graphed_losses(model, x, edge_index, y, idx, STEPS)
-    assert step.graph is None and step.captures == 0
+    assert step.graph is None and step.captures == 0 and step.capture_s is None
+    assert "CUDA graphs need the model and inputs on a CUDA device" in step.fallback_reason
     expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]  # warm-up steps train too
     assert losses == pytest.approx(expected, rel=1e-6)
     with warnings.catch_warnings():
@@ -357,6 +359,7 @@ def test_the_captured_backward_keeps_to_the_loss_rows_and_runs_in_full_when_they
         change(i, idx)
         losses.append(float(step()))
     assert isinstance(step.graph, torch.cuda.CUDAGraph) and step.captures == 1
+    assert step.capture_s > 0 and step.fallback_reason is None
     assert len(found) == 1 and found[0] is not None  # the one backward product, restricted
     expected = _eager_losses(reference, x, edge_index, y, idx_ref, WARMUP + STEPS,
                              change=lambda i: change(i, idx_ref))[WARMUP:]
@@ -474,6 +477,7 @@ def test_a_step_that_changes_on_every_call_runs_eagerly():
             opt.param_groups[0]["lr"] = 0.1 / (i + 2)
             step()
     assert step.graph is None and step.captures == 1 + graphed.MAX_CAPTURES_IN_A_ROW - 1
+    assert "changed on 3 calls in a row" in step.fallback_reason
 
 
 @CUDA

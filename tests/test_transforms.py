@@ -167,6 +167,8 @@ def test_dgl_transform_keeps_the_id_type_and_refuses_batches():
         if os.environ.get("CI", "").lower() in ("true", "1"):
             raise
         pytest.skip(f"DGL is not usable here: {err}")
+    from fgplugin.dgl.convs import edges_by_id
+
     dgl = fd.import_dgl()
     data = _data(n=40, e=200)
     g = dgl.graph((data.edge_index[0], data.edge_index[1]), num_nodes=40, idtype=torch.int32)
@@ -180,6 +182,7 @@ def test_dgl_transform_keeps_the_id_type_and_refuses_batches():
         fd.BlockReorder()(dgl.batch([g, g]))
     for formats in ("csc", "csr"):  # restricted formats (no COO): the same edges, in their order
         out = fd.BlockReorder(method="degsort")(g.formats(formats))
-        src, dst = out.edges(order="eid")
+        src, dst = edges_by_id(out)
         assert torch.equal(out.ndata["perm"][src.long()], data.edge_index[0]), formats
         assert torch.equal(out.ndata["perm"][dst.long()], data.edge_index[1]), formats
+        assert sum(out.formats().values(), []) == [formats]  # the restriction kept

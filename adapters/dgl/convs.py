@@ -151,7 +151,7 @@ class GraphConv(_Named, dgl_conv.GraphConv):
             row_scale, col_scale, _ = found.adj.norm(self._norm, dtype=aux_dtype_for(feat_src.dtype))
             aggregation = _aggregation(graph, found, edge_weight, f"GraphConv-{self._norm}", row_scale, col_scale)
         rst = aggregate(aggregation, feat_src, weight=self.weight if weight is None else weight, bias=self.bias,
-                        owner=self)
+                        owner=self, fresh=True)  # the output itself, or the activation's input
         return rst if self._activation is None else self._activation(rst)
 
 
@@ -229,7 +229,7 @@ class SGConv(_Named, dgl_conv.SGConv):
             aggregation = _aggregation(graph, found, edge_weight, "SGConv", row_scale, col_scale)
         # what is cached stays in the input's precision, as stock's: later calls may run without autocast
         with torch.autocast(feat.device.type, enabled=False) if self._cached else contextlib.nullcontext():
-            feat = aggregate(aggregation, feat, hops=self._k, owner=self)
+            feat = aggregate(aggregation, feat, hops=self._k, owner=self, fresh=self.norm is not None)
         if self.norm is not None:
             feat = self.norm(feat)
         if self._cached:

@@ -50,6 +50,8 @@ class BlockReorder(BaseTransform):
                 out.ndata[key] = value[perm.to(value.device)]
         for key, value in g.edata.items():
             out.edata[key] = value
+        formats = g.formats()
+        out = out.formats(formats["created"] + formats["not created"])  # a restriction (DGL's memory saving) kept
         if "perm" in g.ndata:  # applied before: compose, so that perm stays relative to the original order
             adj.perm = g.ndata["perm"][perm]
         out.ndata["perm"], out.ndata["inv_perm"] = adj.perm, adj.inv_perm

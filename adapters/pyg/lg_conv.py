@@ -28,7 +28,7 @@ class LGConv(FgpluginLayer, pyg_conv.LGConv):
         aggregation = self._served_aggregation(x, edge_index, edge_weight)
         if aggregation is None:
             return self._stock_forward(x, edge_index, edge_weight)
-        return aggregate(aggregation, x, owner=self, node_dim=self.node_dim)
+        return aggregate(aggregation, x, owner=self, node_dim=self.node_dim, fresh=True)  # the output itself
 
     def _aggregation(self, n: int, edge_index, edge_weight, dtype):
         norm = NormSpec("gcn", add_self_loops=False) if self.normalize else NONE

@@ -30,7 +30,6 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 
@@ -40,7 +39,6 @@ import torch.nn.functional as F
 
 import fgplugin
 from fgplugin import autotune, grad_rows, input_cache, sparse_input
-from fgplugin.graphed import GraphedStepWarning
 
 from . import baselines
 from .baselines import FGPLUGIN_PYG, IMPLS, ImplUnavailable, captured
@@ -301,6 +299,11 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
     return run.finish()
 
 
+def _can_capture(device: torch.device) -> bool:
+    """Whether fgplugin.graphed_step captures a step on ``device`` (CUDA graphs: CUDA only)."""
+    return device.type == "cuda"
+
+
 class ImplRun:
     """One (graph, order, impl, model, precision) of the epoch suite: its model built and warmed up,
     timed in one or more rounds (:meth:`time`; the suite alternates the impls of a graph between
@@ -316,7 +319,7 @@ class ImplRun:
         self.times, self.peak, self.error = [], None, None
         self.model = self.graph = self.step = None
         self.setup_s = self.rows_s = 0.0  # rows_s: zero-row restrictions built in this impl's steps
-        self.capture_s = None  # a captured step's warm-up steps and capture
+        self.capture_s = None  # a captured step's capture
         device = problem.x.device
         with self._shortcuts_as_impl():
             try:
@@ -340,22 +343,15 @@ class ImplRun:
             self._release()
 
     def _capture(self, problem: Problem, warmup: int, precision: str) -> None:
-        """The captured step (:func:`fgplugin.graphed_step`); its warm-up steps and capture are
-        timed as preprocessing (``capture_ms``). On CUDA a step that could not be captured is
-        this row's error (with graphed_step's warning), not an eager row under a captured name."""
-        sync = _sync(problem.x.device)
-        sync()
-        start = time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            self.step = warmed_up_step(self.model, self.graph, problem, warmup, precision, graphed=True)
-            sync()
-        self.capture_s = time.perf_counter() - start
-        if problem.x.device.type == "cuda" and self.step.graph is None:
-            said = [str(w.message) for w in caught if issubclass(w.category, GraphedStepWarning)]
-            raise RuntimeError("the step could not be captured" + (f": {said[-1]}" if said else ""))
-        for w in caught:
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        """The captured step (:func:`fgplugin.graphed_step`); the capture itself is timed as
+        preprocessing (``capture_ms``; its warm-up steps are the warm-up every impl has). On CUDA
+        a step that could not be captured is this row's error, not an eager row under a captured
+        name."""
+        self.step = warmed_up_step(self.model, self.graph, problem, warmup, precision, graphed=True)
+        self.capture_s = self.step.capture_s
+        self.common["captured"] = self.step.graph is not None  # off CUDA the step runs eagerly
+        if _can_capture(problem.x.device) and self.step.graph is None:
+            raise RuntimeError(f"the step could not be captured: {self.step.fallback_reason}")
 
     @contextmanager
     def _shortcuts_as_impl(self):
@@ -379,6 +375,10 @@ class ImplRun:
         with self._shortcuts_as_impl():
             try:
                 times, peak = timed(self.step, self.problem.x.device, steps, peak_memory)
+                if captured(self.impl) and _can_capture(self.problem.x.device) and self.step.captures > 1:
+                    raise RuntimeError("the step was captured again while timed (its inputs or optimizer changed)"
+                                       + ("" if self.step.graph is not None else
+                                          f", then ran eagerly: {self.step.fallback_reason}"))
             except Exception as err:  # noqa: BLE001
                 self.error = _error_text(err)
         if self.error is not None:
@@ -413,7 +413,8 @@ class ImplRun:
                     for op in ("epoch", "preprocess", "train200")]
         times = self.times
         median = statistics.median(times)
-        pre_ms = 1e3 * (self.problem.reorder_s + self.setup_s + (cache_s or 0.0) + self.rows_s + (self.capture_s or 0.0))
+        pre_ms = 1e3 * (self.problem.reorder_s + self.setup_s + (cache_s or 0.0) + self.rows_s
+                        + (self.capture_s or 0.0))
         cache = {} if cache_s is None else {"input_cache_ms": 1e3 * cache_s}
         if self.rows_s:
             cache["grad_rows_ms"] = 1e3 * self.rows_s
@@ -537,7 +538,7 @@ def _impl_rows(problem: Problem, impls, epochs: int, hidden: int, seed: int, war
             yield impl, run_one(problem, impl, epochs, hidden, seed, warmup, model, precision)
         return
     runs = [ImplRun(problem, impl, hidden, seed, warmup, model, precision) for impl in impls]
-    for r in range(rounds):
+    for r in range(rounds if runs else 0):
         steps = epochs // rounds + (r < epochs % rounds)
         turn = r % len(runs)  # each round starts with the next impl: no impl always runs first
         for run in runs[turn:] + runs[:turn]:

@@ -152,6 +152,8 @@ def shard_dgl(graph, ctx: ShardingContext, *, perm=None, **options) -> tuple[Sha
     if len(graph.canonical_etypes) != 1 or len(graph.ntypes) != 1:
         raise ValueError(f"shard_dgl takes a graph of one node and one edge type, got node types {graph.ntypes} and "
                          f"edge types {graph.canonical_etypes}; shard each relation's homogeneous graph instead")
-    src, dst = graph.edges(order="eid")
+    from fgplugin.dgl.convs import edges_by_id  # DGL's own import order (fgplugin.dgl's shim)
+
+    src, dst = edges_by_id(graph)  # whichever sparse formats the graph allows
     adj = ShardedAdjacency(ctx, torch.stack([src, dst]).to(torch.long), graph.num_nodes(), perm, **options)
     return adj, {key: adj.rows(value) for key, value in graph.ndata.items()}
