@@ -222,10 +222,10 @@ class _GraphedStep:
         self._holds = []
         if self._captures_in_a_row >= MAX_CAPTURES_IN_A_ROW:
             self._run_eagerly()
-            self.fall_back(f"its inputs or optimizer changed on {MAX_CAPTURES_IN_A_ROW} calls in a row, each needing a "
-                       "new capture (OneCycleLR and CyclicLR change Adam's betas every step unless "
-                       "cycle_momentum=False; an SGD's learning rate is fixed in a capture, so a scheduler "
-                       "stepped every step changes it)")
+            self.fall_back(f"its inputs or optimizer changed on {MAX_CAPTURES_IN_A_ROW} calls in a row, each needing "
+                           "a new capture (OneCycleLR and CyclicLR change Adam's betas every step unless "
+                           "cycle_momentum=False; an SGD's learning rate is fixed in a capture, so a scheduler "
+                           "stepped every step changes it)")
             return self.eager()
         self.prepare_optimizer()  # a new group gets the captured step's settings before its first update
         try:
