@@ -312,6 +312,46 @@ def test_bad_files(tmp_path):
         load_npz(bad_ids)
 
 
+def _minimal(n=3, **arrays):
+    return dict(edge_index=np.array([[0, 1], [1, 0]], dtype=np.int64), num_nodes=np.int64(n),
+                undirected=np.bool_(True), source=np.array(["test"]), **arrays)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("train_mask", np.array([1, 0, 1]), "train_mask must be bool"),  # would index rows 0 and 1
+    ("num_nodes", np.float64(3.9), "num_nodes must be a non-negative int64 0-d"),
+    ("num_nodes", np.array([3]), "num_nodes must be a non-negative int64 0-d"),
+    ("undirected", np.array("no"), "undirected must be a bool 0-d"),
+    ("y", np.array([0, -7, 1]), "y must be int64 .N. of class indices .* down to -7"),
+    ("y", np.zeros((3, 2)), "y must be int64"),
+    ("x", np.zeros(3, dtype=np.float32), r"x must be float \[N, F\]"),
+    ("x", np.zeros((3, 2), dtype=">f4"), "big-endian"),
+    ("x_shape", np.array([3, 2, 1]), r"x_shape must be int64 \[2\]"),
+    ("x_indptr", np.array([0, 1, 1, 2], dtype=np.int32), "must be int64 x_indptr"),
+    ("x_indices", np.array([0, 5]), "fail torch's checks"),  # a column id past F = 2
+], ids=lambda v: v if isinstance(v, str) and len(v) < 12 else None)
+def test_malformed_fields_are_refused_naming_the_file(tmp_path, field, value, message):
+    """Every field is checked against the schema before anything uses it: a 0/1 integer mask, for
+    one, would load and select the wrong training nodes."""
+    csr = dict(x_indptr=np.array([0, 1, 1, 2]), x_indices=np.array([0, 1]), x_data=np.ones(2, np.float32),
+               x_shape=np.array([3, 2]))
+    arrays = _minimal(**(csr if field.startswith("x_") else {}))
+    arrays[field] = value
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match=r"bad\.npz: .*" + message):
+        load_npz(path)
+
+
+def test_empty_and_truncated_files(tmp_path):
+    empty = tmp_path / "empty.npz"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty\.npz is not a readable \.npz"):
+        load_npz(empty)
+    np.savez(tmp_path / "none.npz", **_minimal(0, y=np.zeros(0, np.int64)) | {"edge_index": np.zeros((2, 0), np.int64)})
+    assert load_npz(tmp_path / "none.npz").num_classes is None
+
+
 def test_schema_is_documented():
     doc = npz_module.__doc__
     for key in ("edge_index", "num_nodes", "undirected", "source", "x", "x_indptr", "x_indices", "x_data",

@@ -100,13 +100,17 @@ def load_npz(
 
     y = arrays.get("y")
     masks = {k: torch.from_numpy(arrays[k]) for k in _MASK_KEYS if k in arrays}
+    try:
+        x = _features(arrays, features)
+    except RuntimeError as err:  # torch's own checks of the CSR features (column ids, order)
+        raise ValueError(f"{path}: the CSR features fail torch's checks ({err}); expected {SCHEMA}.") from err
     return GraphData(
         name=path.stem,
         edge_index=torch.from_numpy(arrays["edge_index"]),
         num_nodes=int(arrays["num_nodes"]),
-        x=_features(arrays, features),
+        x=x,
         y=None if y is None else torch.from_numpy(y),
-        num_classes=None if y is None else int(y.max()) + 1,
+        num_classes=None if y is None or not y.size else int(y.max()) + 1,
         meta={
             "source": [str(line) for line in arrays["source"]],
             "path": str(path),
@@ -147,7 +151,7 @@ def _read(path: Path) -> dict[str, np.ndarray]:
 
     try:
         data = np.load(path, allow_pickle=False)
-    except (zipfile.BadZipFile, ValueError, OSError) as err:
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
         raise fail(f"{type(err).__name__}: {err}") from err
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise fail("it holds a single .npy array")
@@ -172,14 +176,43 @@ def _validate(path: Path, arrays: dict) -> None:
     ei = arrays["edge_index"]
     if ei.ndim != 2 or ei.shape[0] != 2 or ei.dtype != np.int64:
         fail(f"edge_index must be int64 [2, E], got {ei.dtype} {list(ei.shape)}")
-    n = int(arrays["num_nodes"])
+    num_nodes, undirected = arrays["num_nodes"], arrays["undirected"]
+    if num_nodes.ndim != 0 or num_nodes.dtype.kind not in "iu" or int(num_nodes) < 0:
+        fail(f"num_nodes must be a non-negative int64 0-d array, got {num_nodes.dtype} {list(num_nodes.shape)}")
+    if undirected.ndim != 0 or undirected.dtype != np.bool_:
+        fail(f"undirected must be a bool 0-d array, got {undirected.dtype} {list(undirected.shape)}")
+    n = int(num_nodes)
     if ei.size and (ei.min() < 0 or ei.max() >= n):
         fail(f"edge_index has ids outside [0, num_nodes={n})")
+    if "x" in arrays and (arrays["x"].ndim != 2 or arrays["x"].dtype.kind != "f"):
+        fail(f"x must be float [N, F], got {arrays['x'].dtype} {list(arrays['x'].shape)}")
+    for key, array in arrays.items():
+        if array.dtype.kind in "iuf" and array.dtype.byteorder not in "=|":  # torch reads native order only
+            fail(f"{key} is stored big-endian ({array.dtype}); save it in native byte order "
+                 f"(array.astype(array.dtype.newbyteorder('=')))")
+    y = arrays.get("y")
+    if y is not None and (y.ndim != 1 or y.dtype.kind not in "iu" or (y.size and y.min() < -1)):
+        fail(f"y must be int64 [N] of class indices (-1 = unlabelled), got {y.dtype} {list(y.shape)}"
+             + (f" with values down to {int(y.min())}" if y.ndim == 1 and y.dtype.kind in "iu" and y.size else ""))
+    for key in _MASK_KEYS:  # a 0/1 integer mask would index rows 0 and 1, not select nodes
+        if key in arrays and (arrays[key].ndim != 1 or arrays[key].dtype != np.bool_):
+            fail(f"{key} must be bool [N], got {arrays[key].dtype} {list(arrays[key].shape)}")
     for key in ("x", "y", *_MASK_KEYS):
         if key in arrays and arrays[key].shape[0] != n:
             fail(f"{key} has {arrays[key].shape[0]} rows, num_nodes is {n}")
-    if present_csr and int(arrays["x_shape"][0]) != n:
-        fail(f"x_shape[0]={int(arrays['x_shape'][0])}, num_nodes is {n}")
+    if present_csr:
+        indptr, indices, data, shape = (arrays[k] for k in _CSR_KEYS)
+        if shape.shape != (2,) or shape.dtype.kind not in "iu":
+            fail(f"x_shape must be int64 [2] = (N, F), got {shape.dtype} {list(shape.shape)}")
+        if int(shape[0]) != n:
+            fail(f"x_shape[0]={int(shape[0])}, num_nodes is {n}")
+        if indptr.dtype != np.int64 or indices.dtype != np.int64 or data.dtype.kind != "f":
+            fail(f"CSR features must be int64 x_indptr and x_indices and float x_data, got {indptr.dtype}, "
+                 f"{indices.dtype}, {data.dtype}")
+        if indptr.shape != (n + 1,) or indices.ndim != 1 or data.shape != indices.shape \
+                or (n and int(indptr[-1]) != indices.size):
+            fail(f"CSR features of inconsistent lengths: x_indptr {list(indptr.shape)} (needs [{n + 1}]), "
+                 f"x_indices {list(indices.shape)}, x_data {list(data.shape)}")
 
 
 def _features(arrays: dict, mode: str | None) -> torch.Tensor | None:
