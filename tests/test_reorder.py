@@ -133,6 +133,36 @@ def test_clusters_are_contiguous(method, options):
     assert torch.equal(halves.min(1).values, halves.max(1).values)
 
 
+def test_metis_workers_that_cannot_start_leave_the_clustering_to_this_process(monkeypatch):
+    """A script without a ``__main__`` guard makes spawned workers fail (each runs the script
+    again): the clusters are then made serially, with a warning naming the guard, and equal."""
+    pytest.importorskip("pymetis", reason="the metis method needs pymetis")
+    import importlib
+    from concurrent.futures.process import BrokenProcessPool
+
+    metis = importlib.import_module("fgplugin.reorder.metis")  # the module (the package exports the function)
+
+    class Broken:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, *args, **kwargs):
+            raise BrokenProcessPool("a child process terminated abruptly")
+
+    edge_index, n = _planted(n=4000, size=100)
+    serial = reorder(edge_index, "metis", num_nodes=n, cluster_size=100, coarse_parts=4, workers=1)
+    monkeypatch.setattr(metis, "ProcessPoolExecutor", Broken)
+    with pytest.warns(RuntimeWarning, match="__main__"):
+        fallen_back = reorder(edge_index, "metis", num_nodes=n, cluster_size=100, coarse_parts=4, workers=2)
+    assert torch.equal(fallen_back, serial)
+
+
 def test_metis_keeps_small_graphs_in_order():
     edge_index, n = _planted(n=150, size=50)
     assert torch.equal(reorder(edge_index, "metis", num_nodes=n), torch.arange(n))

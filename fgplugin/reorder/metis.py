@@ -4,7 +4,9 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import warnings
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 import torch
@@ -63,13 +65,20 @@ def metis(graph: SymGraph, *, seed: int = 0, cluster_size: int = 200, coarse_par
     jobs, members = _coarse_blocks(graph, coarse, coarse_parts, cluster_size, seed)
     workers = min(len(jobs), workers or len(os.sched_getaffinity(0)))
     show = graph.num_edges > LONG_RUN_EDGES  # the second level of a big graph runs for a minute or more
-    if workers <= 1:
-        clusters = [_part_graph(*job) for job in maybe_tqdm(jobs, show, "metis: clusters per part", unit="part")]
-    else:
+    clusters = None
+    if workers > 1:
         # spawn, not fork: the parent may hold CUDA and OpenMP state that a forked child must not touch.
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = pool.map(_part_graph_star, jobs)
-            clusters = list(maybe_tqdm(results, show, "metis: clusters per part", total=len(jobs), unit="part"))
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                results = pool.map(_part_graph_star, jobs)
+                clusters = list(maybe_tqdm(results, show, "metis: clusters per part", total=len(jobs), unit="part"))
+        except BrokenProcessPool:
+            warnings.warn("reorder 'metis': its worker processes could not start, so the clusters are made in this "
+                          "process. A spawned worker runs the calling script again: a script that reorders at its "
+                          "top level needs an `if __name__ == \"__main__\":` guard, or pass workers=1.",
+                          RuntimeWarning, stacklevel=2)
+    if clusters is None:
+        clusters = [_part_graph(*job) for job in maybe_tqdm(jobs, show, "metis: clusters per part", unit="part")]
     order = [nodes[torch.argsort(torch.from_numpy(c).to(nodes.device), stable=True)]
              for nodes, c in zip(members, clusters)]
     return torch.cat(order)
