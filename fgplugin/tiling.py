@@ -21,8 +21,8 @@ from ._csr import index_dtype_for, inverse_permutation, rows_of_edges, rowptr_fr
 from .kernel_plan import KernelPlan, block_adaptive_available, build_kernel_plan
 from .normalization import normalization
 from .tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
-from .validation import (check_csr, check_edge_index, check_edge_values, check_perm, check_tile_options,
-                         refuse_spent_weights)
+from .validation import (check_csr, check_edge_index, check_edge_values, check_node_count, check_perm,
+                         check_tile_options, refuse_spent_weights)
 
 MAX_CONSTANT_DIAGS = 4  # float diagonals kept per dtype (constant_diag)
 MAX_WEIGHTED_COPIES = 4  # copies with_values keeps per adjacency (one per set of weights in use)
@@ -654,11 +654,11 @@ def _resolve_size(edge_index, num_nodes, size) -> tuple[int, int]:
             raise ValueError("pass either num_nodes (square graph) or size=(num_src_nodes, num_dst_nodes), not both")
         if len(size) != 2:
             raise ValueError(f"size must be (num_src_nodes, num_dst_nodes), got {size}")
-        n_src, n_dst = (_node_count(s, f"size[{i}]") for i, s in enumerate(size))
+        n_src, n_dst = (check_node_count(s, f"size[{i}]") for i, s in enumerate(size))
     else:
         if num_nodes is None:
             num_nodes = _inferred_node_count(edge_index)
-        n_src = n_dst = _node_count(num_nodes, "num_nodes")
+        n_src = n_dst = check_node_count(num_nodes, "num_nodes")
     if edge_index.numel():
         for row, bound, what in ((0, n_src, "source"), (1, n_dst, "target")):
             largest = int(edge_index[row].max())
@@ -667,21 +667,6 @@ def _resolve_size(edge_index, num_nodes, size) -> tuple[int, int]:
                 raise ValueError(f"edge_index refers to {what} node {largest}, but the graph has only {bound} "
                                  f"{what} nodes; pass {hint} >= {largest + 1}")
     return n_src, n_dst
-
-
-def _node_count(value, name: str) -> int:
-    """``value`` as a node count: a non-negative integer (an int, a NumPy integer or an integral
-    0-d tensor), never a silently truncated float."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point \
-            and value.dtype != torch.bool:
-        value = int(value)
-    if isinstance(value, (bool, torch.Tensor)) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be a whole number of nodes (an int), got {value!r} of type "
-                        f"{type(value).__name__}")
-    value = value.__index__()
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
 
 
 # Inferring the node count from the largest id stops here: beyond it the row pointer alone would

@@ -86,6 +86,21 @@ def check_csr(rowptr, col, shape):
     return rowptr, col, shape
 
 
+def check_node_count(value, name: str) -> int:
+    """``value`` as a node count: a non-negative integer (an int, a NumPy integer or an integral
+    0-d tensor), never a silently truncated float."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point \
+            and value.dtype != torch.bool:
+        value = int(value)
+    if isinstance(value, (bool, torch.Tensor)) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be a whole number of nodes (an int), got {value!r} of type "
+                        f"{type(value).__name__}")
+    value = value.__index__()
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
 def check_perm(perm, n: int, device: torch.device, what: str = "perm") -> torch.Tensor:
     """``perm`` as int64 on ``device`` if it is a permutation of 0..n-1 (``what`` names it in errors)."""
     meaning = "new -> old node ids" if what == "perm" else "positions"

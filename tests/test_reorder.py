@@ -163,6 +163,23 @@ def test_metis_workers_that_cannot_start_leave_the_clustering_to_this_process(mo
     assert torch.equal(fallen_back, serial)
 
 
+def test_bad_csr_objects_perms_and_node_counts_are_refused():
+    """Any object with rowptr, col and shape is checked as a CSR; tile_density's perm must be a
+    permutation; num_nodes a whole number (a float was truncated)."""
+    from types import SimpleNamespace
+
+    csr = SimpleNamespace(rowptr=torch.tensor([0, 1, 2, 3]), col=torch.tensor([1, 5, 0]), shape=(3, 3))
+    for method in ("degsort", "rcm", "community", "slashburn"):
+        with pytest.raises(ValueError, match="col holds ids outside"):
+            reorder(csr, method)
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    with pytest.raises(ValueError, match="perm must be a permutation"):
+        tile_density(edge_index, 3, torch.tensor([0, 0, 1]))
+    with pytest.raises(TypeError, match="num_nodes must be a whole number"):
+        reorder(edge_index, "degsort", num_nodes=3.7)
+    assert torch.equal(torch.sort(reorder(edge_index, "degsort", num_nodes=np.int64(3))).values, torch.arange(3))
+
+
 def test_metis_keeps_small_graphs_in_order():
     edge_index, n = _planted(n=150, size=50)
     assert torch.equal(reorder(edge_index, "metis", num_nodes=n), torch.arange(n))

@@ -13,6 +13,8 @@ import numpy as np
 import scipy.sparse
 import torch
 
+from ..validation import check_csr, check_node_count
+
 
 @dataclass(frozen=True)
 class SymGraph:
@@ -64,7 +66,7 @@ def as_edges(graph, num_nodes: int | None) -> tuple[torch.Tensor, torch.Tensor, 
         return row, col, n
     if all(hasattr(graph, a) for a in ("rowptr", "col", "shape")):
         n = _square_size(tuple(graph.shape), num_nodes, type(graph).__name__)
-        rowptr, col = graph.rowptr.long(), graph.col.long()
+        rowptr, col, _ = check_csr(graph.rowptr, graph.col, (n, n))  # any object with these three: checked here
         row = torch.repeat_interleave(torch.arange(n, device=rowptr.device), rowptr.diff())
         return row, col, n
     raise TypeError(
@@ -130,9 +132,7 @@ def _from_edge_index(edge_index: torch.Tensor, num_nodes: int | None):
             "num_nodes is required with an edge_index "
             "(isolated nodes make edge_index.max() + 1 wrong)"
         )
-    n = int(num_nodes)
-    if n < 0:
-        raise ValueError(f"num_nodes must be >= 0, got {n}")
+    n = check_node_count(num_nodes, "num_nodes")
     edge_index = edge_index.long()
     if edge_index.numel() and (edge_index.min() < 0 or edge_index.max() >= n):
         lo, hi = edge_index.min().item(), edge_index.max().item()

@@ -5,6 +5,7 @@ import torch
 
 from .._csr import inverse_permutation
 from ..tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
+from ..validation import check_perm
 from ._graph import as_edges, sorted_unique
 
 
@@ -33,9 +34,7 @@ def tile_density(
     """
     row, col, n = as_edges(edge_index, num_nodes)
     if perm is not None:
-        if perm.numel() != n:
-            raise ValueError(f"perm has {perm.numel()} entries, the graph has {n} nodes")
-        inv = inverse_permutation(perm).to(row.device)
+        inv = inverse_permutation(check_perm(perm, n, row.device))
         row, col = inv[row], inv[col]
     entries = sorted_unique(row * n + col)
     if entries.numel() == 0:
