@@ -197,6 +197,13 @@ def _resolve_params(name: str, overrides: dict) -> CommunityGraphParams:
     if unknown:
         raise TypeError(f"community_graph: unknown override(s) {unknown}; valid: {sorted(fields)}.")
     params = dataclasses.replace(SUITE[name], **overrides)
+    for field in ("num_nodes", "num_features", "num_classes", "max_degree", "super_size", "max_rounds"):
+        value = getattr(params, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field} must be a positive int, got {value!r}.")
+    for field in ("p_in", "p_near", "p_far", "train_frac", "val_frac", "test_frac"):
+        if not 0.0 <= getattr(params, field) <= 1.0:
+            raise ValueError(f"{field} must lie in [0, 1], got {getattr(params, field)!r}.")
     if not 0 < params.avg_degree < params.num_nodes - 1:
         raise ValueError(
             f"avg_degree must lie in (0, num_nodes - 1), got {params.avg_degree} "
