@@ -191,9 +191,9 @@ def test_bad_arguments():
         community_graph("tiny", num_nodes=400, avg_degree=300.0, num_classes=2, max_rounds=2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         SUITE["tiny"].num_nodes = 5
-    for override, message in ((dict(num_classes=0), "num_classes must be a positive int"),
-                              (dict(super_size=0), "super_size must be a positive int"),
-                              (dict(num_nodes=2000.5), "num_nodes must be a positive int"),
+    for override, message in ((dict(num_classes=0), "num_classes must be an int >= 1"),
+                              (dict(super_size=0), "super_size must be an int >= 1"),
+                              (dict(num_nodes=2000.5), "num_nodes must be an int >= 1"),
                               (dict(p_in=-0.2, p_near=0.6, p_far=0.6), r"p_in must lie in \[0, 1\]"),
                               (dict(test_frac=-0.5), r"test_frac must lie in \[0, 1\]")):
         with pytest.raises(ValueError, match=message):

@@ -198,9 +198,9 @@ def _resolve_params(name: str, overrides: dict) -> CommunityGraphParams:
         raise TypeError(f"community_graph: unknown override(s) {unknown}; valid: {sorted(fields)}.")
     params = dataclasses.replace(SUITE[name], **overrides)
     for field in ("num_nodes", "num_features", "num_classes", "max_degree", "super_size", "max_rounds"):
-        value = getattr(params, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{field} must be a positive int, got {value!r}.")
+        value, least = getattr(params, field), 0 if field == "num_features" else 1  # 0 features: structure only
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{field} must be an int >= {least}, got {value!r}.")
     for field in ("p_in", "p_near", "p_far", "train_frac", "val_frac", "test_frac"):
         if not 0.0 <= getattr(params, field) <= 1.0:
             raise ValueError(f"{field} must lie in [0, 1], got {getattr(params, field)!r}.")
