@@ -38,7 +38,9 @@ def metis(graph: SymGraph, *, seed: int = 0, cluster_size: int = 200, coarse_par
         coarse_parts: first-level parts; default 1 (one level) up to 512 clusters, else
             ``clamp(clusters // 128, 16, 64)``.
         workers: processes for the second level; default the usable CPU count (at most
-            ``coarse_parts``). The result does not depend on it.
+            ``coarse_parts``). The result does not depend on it. They are spawned, so each runs
+            the calling script again: call this from under ``if __name__ == "__main__":`` (else
+            the clusters are made in this process, with a warning), or pass ``workers=1``.
     """
     if cluster_size < 1:
         raise ValueError(f"cluster_size must be >= 1, got {cluster_size}")
