@@ -19,7 +19,8 @@ CACHE_FORMAT = 2  # bump when the cached object's layout changes: old entries th
 
 def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.Tensor | None = None, *,
                   method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,
-                  threshold: float | str = "auto", cache: bool | str | os.PathLike = False) -> TiledAdjacency:
+                  threshold: float | str = "auto", cache: bool | str | os.PathLike = False,
+                  method_options: dict | None = None) -> TiledAdjacency:
     """Reorders the nodes with ``fgplugin.reorder`` and returns the adjacency in the new order.
 
     The result's ``perm`` (new -> old) tells how to move node data: ``x_new = x[adj.perm]``; its
@@ -40,10 +41,14 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
             (with a warning) when corrupt or stale. Edge weights that need a gradient are not
             cached: the entry holds the structure, and the weights are applied to it (with their
             gradient) after loading.
+        method_options (dict): the method's own options, passed to ``fgplugin.reorder.reorder``
+            (``cluster_size``, ``coarse_parts`` and ``workers`` for metis, ``k`` for slashburn,
+            ...; see its docstring) and part of the cache key.
     """
     from .reorder import reorder
 
     cache = check_cache_option(cache)
+    method_options = check_method_options(method_options)
     edge_index = check_edge_index(edge_index)
     # Weights that need a gradient are applied after the cache (with_values, through the edge
     # order kept): a loaded copy of them would carry no gradient back to the user's tensor, and
@@ -52,7 +57,7 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
     built_with = None if learnable else edge_weight
 
     def build() -> TiledAdjacency:
-        perm = reorder(edge_index, method, num_nodes=num_nodes, parts=parts, seed=seed)
+        perm = reorder(edge_index, method, num_nodes=num_nodes, parts=parts, seed=seed, **method_options)
         return TiledAdjacency.from_edge_index(inverse_permutation(perm)[edge_index], num_nodes, built_with,
                                               tile_size=tile_size, threshold=threshold, perm=perm,
                                               keep_edge_order=learnable)
@@ -61,7 +66,7 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
         return build()
     folder = default_cache_dir() if cache is True else Path(cache).expanduser()
     key = cache_key(edge_index, num_nodes, built_with, method=method, parts=parts, seed=seed, tile_size=tile_size,
-                    threshold=threshold, learnable_weights=learnable)
+                    threshold=threshold, learnable_weights=learnable, method_options=method_options)
     adj = cached(folder / f"{key}.pt", key, lambda: build().cpu()).to(edge_index.device)
     return adj.with_values(edge_weight) if learnable else adj
 
@@ -79,8 +84,22 @@ def check_cache_option(cache):
 
 def cache_key(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.Tensor | None = None, *,
               method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,
-              threshold: float | str = "auto", learnable_weights: bool = False) -> str:
+              threshold: float | str = "auto", learnable_weights: bool = False,
+              method_options: dict | None = None) -> str:
     """The disk-cache key of :func:`reorder_graph` for these arguments (entry: ``<key>.pt``);
-    ``learnable_weights``: an entry of the structure alone, the weights applied after loading."""
+    ``learnable_weights``: an entry of the structure alone, the weights applied after loading.
+    Without method options the key is what it was before they existed (entries stay valid)."""
+    options = sorted((method_options or {}).items())
     return tensor_digest(CACHE_FORMAT, edge_index, num_nodes, edge_weight, method, parts, seed, tile_size, threshold,
-                         *(("learnable weights",) if learnable_weights else ()))
+                         *(("learnable weights",) if learnable_weights else ()),
+                         *((("method options", options),) if options else ()))
+
+
+def check_method_options(method_options) -> dict:
+    """``method_options`` as a dict of option names (``None``: none), or a TypeError naming the fix."""
+    if method_options is None:
+        return {}
+    if not isinstance(method_options, dict) or not all(isinstance(k, str) for k in method_options):
+        raise TypeError(f"method_options must be a dict of option names to values, e.g. dict(cluster_size=100), "
+                        f"got {method_options!r}")
+    return dict(method_options)

@@ -61,6 +61,38 @@ def test_disk_cache_roundtrip_and_second_load(tmp_path):
     assert len(list(tmp_path.glob("*.pt"))) == 2
 
 
+def test_method_options_reach_the_ordering_and_the_cache_key(tmp_path):
+    """``method_options`` go to fgplugin.reorder.reorder (here slashburn's ``k``) and key their
+    own cache entry; without them the key is the one entries were written under before."""
+    from fgplugin.preprocess import cache_key
+    from fgplugin.reorder import reorder
+
+    edge_index, n = _community_graph()
+    for k in (1, 40):
+        adj = reorder_graph(edge_index, n, method="slashburn", method_options=dict(k=k), cache=tmp_path)
+        assert torch.equal(adj.perm, reorder(edge_index, "slashburn", num_nodes=n, k=k))
+    assert len(list(tmp_path.glob("*.pt"))) == 2
+    assert not torch.equal(reorder(edge_index, "slashburn", num_nodes=n, k=1),
+                           reorder(edge_index, "slashburn", num_nodes=n, k=40))
+    assert cache_key(edge_index, n) == cache_key(edge_index, n, method_options={}) \
+        != cache_key(edge_index, n, method_options=dict(k=1))
+    with pytest.raises(TypeError, match="method_options must be a dict"):
+        reorder_graph(edge_index, n, method_options=[("k", 1)])
+
+
+def test_the_transforms_pass_method_options():
+    pytest.importorskip("torch_geometric", reason="the PyG transform needs torch_geometric")
+    from torch_geometric.data import Data
+
+    import fgplugin.pyg as fp
+    from fgplugin.reorder import reorder
+
+    edge_index, n = _community_graph()
+    out = fp.BlockReorder(method="slashburn", method_options=dict(k=1))(Data(edge_index=edge_index, num_nodes=n))
+    assert torch.equal(out.perm, reorder(edge_index, "slashburn", num_nodes=n, k=1))
+    assert "method_options={'k': 1}" in repr(fp.BlockReorder(method="slashburn", method_options=dict(k=1)))
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "stale"])
 def test_corrupt_or_stale_cache_entry_is_reported_and_rebuilt(tmp_path, damage):
     path = tmp_path / "entry.pt"

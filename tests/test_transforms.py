@@ -180,6 +180,9 @@ def test_dgl_transform_keeps_the_id_type_and_refuses_batches():
     assert torch.equal(perm[src.long()], data.edge_index[0]) and torch.equal(out.edata["w"], data.edge_weight)
     with pytest.raises(ValueError, match="not a batch of 2"):
         fd.BlockReorder()(dgl.batch([g, g]))
+    from fgplugin.reorder import reorder
+    ordered = fd.BlockReorder(method="slashburn", method_options=dict(k=1))(g)
+    assert torch.equal(ordered.ndata["perm"], reorder(data.edge_index, "slashburn", num_nodes=40, k=1))
     for formats in ("csc", "csr"):  # restricted formats (no COO): the same edges, in their order
         out = fd.BlockReorder(method="degsort")(g.formats(formats))
         src, dst = edges_by_id(out)

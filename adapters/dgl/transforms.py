@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from fgplugin.preprocess import check_cache_option, reorder_graph
+from fgplugin.preprocess import check_cache_option, check_method_options, reorder_graph
 
 from ._import_shim import import_dgl
 from .convs import Structure, edges_by_id
@@ -22,14 +22,15 @@ class BlockReorder(BaseTransform):
     ``fgplugin.dgl``'s layers find it. Use it on single graphs: a batch (``dgl.batch``) is refused.
 
     Args:
-        method, parts, seed, tile_size, threshold, cache: as for
+        method, parts, seed, tile_size, threshold, cache, method_options: as for
             :func:`fgplugin.preprocess.reorder_graph` (default: the ``community`` ordering,
-            ``threshold="auto"``, no disk cache).
+            ``threshold="auto"``, no disk cache, the method's default options).
     """
 
     def __init__(self, method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,
-                 threshold: float | str = "auto", cache=False):
+                 threshold: float | str = "auto", cache=False, method_options: dict | None = None):
         self.method, self.parts, self.seed = method, parts, seed
+        self.method_options = check_method_options(method_options)
         self.tile_size, self.threshold, self.cache = tile_size, threshold, check_cache_option(cache)
 
     def __call__(self, g):
@@ -42,7 +43,8 @@ class BlockReorder(BaseTransform):
         n = g.num_nodes()
         src, dst = edges_by_id(g)
         adj = reorder_graph(torch.stack([src, dst]), n, method=self.method, parts=self.parts, seed=self.seed,
-                            tile_size=self.tile_size, threshold=self.threshold, cache=self.cache)
+                            tile_size=self.tile_size, threshold=self.threshold, cache=self.cache,
+                            method_options=self.method_options)
         perm, new_ids = adj.perm, adj.inv_perm.to(g.idtype)  # the id type kept: dgl.batch needs one for all graphs
         out = dgl.graph((new_ids[src], new_ids[dst]), num_nodes=n, idtype=g.idtype, device=g.device)
         for key, value in g.ndata.items():
@@ -61,4 +63,5 @@ class BlockReorder(BaseTransform):
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(method={self.method!r}, parts={self.parts}, seed={self.seed}, "
-                f"tile_size={self.tile_size}, threshold={self.threshold})")
+                f"tile_size={self.tile_size}, threshold={self.threshold}"
+                + (f", method_options={self.method_options}" if self.method_options else "") + ")")

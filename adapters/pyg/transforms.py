@@ -8,7 +8,7 @@ import torch
 from torch_geometric.data import Batch, Data, HeteroData
 from torch_geometric.transforms import BaseTransform
 
-from fgplugin.preprocess import check_cache_option, reorder_graph
+from fgplugin.preprocess import check_cache_option, check_method_options, reorder_graph
 
 _NODE_KEYS = ("x", "y", "pos", "batch", "train_mask", "val_mask", "test_mask", "node_id")
 
@@ -30,16 +30,18 @@ class BlockReorder(BaseTransform):
     fgplugin's layers take ``data.adj_t`` in place of ``edge_index``.
 
     Args:
-        method, parts, seed, tile_size, threshold, cache: as for
+        method, parts, seed, tile_size, threshold, cache, method_options: as for
             :func:`fgplugin.preprocess.reorder_graph` (default: the ``community`` ordering,
-            ``threshold="auto"``, no disk cache).
+            ``threshold="auto"``, no disk cache, the method's default options).
         edge_weight_key (str): edge attribute used as edge weights; ``"edge_weight"`` (the
             default) may be absent (unit weights), another key must be present.
     """
 
     def __init__(self, method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,
-                 threshold: float | str = "auto", cache=False, edge_weight_key: str = "edge_weight"):
+                 threshold: float | str = "auto", cache=False, edge_weight_key: str = "edge_weight",
+                 method_options: dict | None = None):
         self.method, self.parts, self.seed = method, parts, seed
+        self.method_options = check_method_options(method_options)
         self.tile_size, self.threshold, self.cache = tile_size, threshold, check_cache_option(cache)
         self.edge_weight_key = edge_weight_key
 
@@ -66,7 +68,8 @@ class BlockReorder(BaseTransform):
                            f"(it has {sorted(data.keys())}); name the edge weights' key, or leave the default "
                            "for unit weights")
         adj = reorder_graph(data.edge_index, num_nodes, edge_weight, method=self.method, parts=self.parts,
-                            seed=self.seed, tile_size=self.tile_size, threshold=self.threshold, cache=self.cache)
+                            seed=self.seed, tile_size=self.tile_size, threshold=self.threshold, cache=self.cache,
+                            method_options=self.method_options)
         perm, inv_perm = adj.perm, adj.inv_perm
         out = data.clone()
         by_name = []  # node attributes that PyG tells from edge attributes by their name alone
@@ -93,7 +96,8 @@ class BlockReorder(BaseTransform):
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(method={self.method!r}, parts={self.parts}, seed={self.seed}, "
-                f"tile_size={self.tile_size}, threshold={self.threshold})")
+                f"tile_size={self.tile_size}, threshold={self.threshold}"
+                + (f", method_options={self.method_options}" if self.method_options else "") + ")")
 
 
 def _permuted(value, perm: torch.Tensor, dim: int):
