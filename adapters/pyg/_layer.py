@@ -71,7 +71,7 @@ def _sharded_graph(source, edge_weight: Tensor | None, norm: NormSpec, dtype: to
 
 
 _MESSAGE_PASSING = ("message", "aggregate", "message_and_aggregate", "update", "edge_update")
-_own_way: dict[type, bool] = {}
+_own_way: dict[type, bool] = {}  # a dict, not functools.cache: Dynamo warns on every call of a cached function
 
 
 def _passes_messages_its_own_way(cls: type) -> bool:

@@ -481,8 +481,9 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
     ``checkpoint(rows)`` is called after each graph (to write partial results).
 
     ``rounds`` > 1 builds every impl of a graph first and times their ``epochs`` steps in that many
-    rounds, the impls taking turns (in an order rotated by one each round), so that a slow spell of the host (launch-bound steps of a few
-    ms moved by up to 24% within seconds on a lent H100) falls on all of them alike; peak memory
+    rounds, the impls taking turns (in an order rotated by one each round), so that a slow spell of
+    the host (launch-bound steps of a few ms moved by up to 24% within seconds on a lent H100) falls
+    on all of them alike; peak memory
     is then not recorded (the other impls' models are alive). ``rounds=1`` times one impl after
     the other, each alone in memory (the large graphs)."""
     device = torch.device(device)

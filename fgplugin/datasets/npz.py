@@ -191,9 +191,12 @@ def _validate(path: Path, arrays: dict) -> None:
             fail(f"{key} is stored big-endian ({array.dtype}); save it in native byte order "
                  f"(array.astype(array.dtype.newbyteorder('=')))")
     y = arrays.get("y")
-    if y is not None and (y.ndim != 1 or y.dtype.kind not in "iu" or (y.size and y.min() < -1)):
-        fail(f"y must be int64 [N] of class indices (-1 = unlabelled), got {y.dtype} {list(y.shape)}"
-             + (f" with values down to {int(y.min())}" if y.ndim == 1 and y.dtype.kind in "iu" and y.size else ""))
+    if y is not None:
+        labels = f"y must be int64 [N] of class indices (-1 = unlabelled), got {y.dtype} {list(y.shape)}"
+        if y.ndim != 1 or y.dtype.kind not in "iu":
+            fail(labels)
+        if y.size and y.min() < -1:
+            fail(f"{labels} with values down to {int(y.min())}")
     for key in _MASK_KEYS:  # a 0/1 integer mask would index rows 0 and 1, not select nodes
         if key in arrays and (arrays[key].ndim != 1 or arrays[key].dtype != np.bool_):
             fail(f"{key} must be bool [N], got {arrays[key].dtype} {list(arrays[key].shape)}")
