@@ -15,6 +15,10 @@ from fgplugin.bench import baselines as B
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(fgplugin.__file__).resolve().parent
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(),
+                          reason="CUDA memory statistics and the caching allocator: needs a CUDA GPU")
+CUDA_KERNELS = pytest.mark.skipif(not (torch.cuda.is_available() and fgplugin.extension_status().cuda),
+                                  reason="the spmm suite times fgplugin's CUDA kernels: needs a CUDA GPU and them built")
 
 
 def _env(**extra):
@@ -184,6 +188,7 @@ def test_cli_epoch_baselines_take_the_captured_step_too(tmp_path, monkeypatch):
     for r in rows:
         assert r.get("captured") is (False if r["impl"].endswith("-graphed") else None)
         assert "capture_ms" not in r
+    assert all(r["first_step_ms"] > 0 for r in pre.values())  # graphed_step's first warm-up step too
 
 
 class _FakeCapturedStep:
@@ -269,7 +274,11 @@ def test_cli_epoch_writes_schema_json(tmp_path):
         assert kept["input_cache_ms"] >= 0 and "input_cache_ms" not in plain
         assert "grad_rows_ms" not in plain
         assert kept["ms_median"] == pytest.approx(kept["reorder_ms"] + kept["setup_ms"] + kept["input_cache_ms"]
-                                                  + kept.get("grad_rows_ms", 0.0))
+                                                  + kept.get("grad_rows_ms", 0.0) + kept["first_use_ms"])
+    # every impl's first step (the first warm-up step) is on its preprocess row, its lazy work counted
+    for (impl, order), r in pre.items():
+        assert r["first_step_ms"] > 0 and r["first_use_ms"] >= 0, (impl, order)
+        assert r["ms_median"] >= r["reorder_ms"] + r["setup_ms"] + r["first_use_ms"] - 1e-9, (impl, order)
 
 
 def test_cli_runs_without_data_or_checkout(tmp_path):
@@ -441,9 +450,9 @@ def test_epoch_rounds_alternate_the_impls(monkeypatch):
     order = []
     timed = epoch.timed
 
-    def logged(step, device, steps, peak_memory=False):
+    def logged(step, device, steps):
         order.append((step, steps))
-        return timed(step, device, steps, peak_memory)
+        return timed(step, device, steps)
 
     monkeypatch.setattr(epoch, "timed", logged)
     rows = epoch.run_epoch_suite(["tiny"], ("fgplugin", "cusparse-cached", "no-such-impl"), ("original",), epochs=7,
@@ -608,11 +617,11 @@ def test_a_failed_impl_frees_its_model_before_the_others_run(monkeypatch):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
         return real_step(model, *args, **kwargs)
 
-    def timed(step, device, steps, peak_memory=False):
+    def timed(step, device, steps):
         import gc
         gc.collect()
         alive_while_timing.append(built[0]() is not None)
-        return real_timed(step, device, steps, peak_memory)
+        return real_timed(step, device, steps)
 
     monkeypatch.setattr(epoch, "warmed_up_step", failing_first)
     monkeypatch.setattr(epoch, "timed", timed)
@@ -634,3 +643,217 @@ def test_the_suites_warm_up_probes_its_tiny_graph_as_a_large_one(monkeypatch):
     floor = autotune.PROBE_MIN_NNZ
     epoch._warm_up_models(torch.device("cpu"), ("fgplugin",), ("gcn",))
     assert seen == [0] and autotune.PROBE_MIN_NNZ == floor > 0
+
+
+# ---------------------------------------------------------------- spmm suite: dgl-path, checked products
+def _spmm_run(n=200, seed=4):
+    """The spmm suite's graph of ``_graph`` on the CPU, with features and the sampled rows' float64
+    reference of the forward product (the last row never sampled)."""
+    from fgplugin.bench.spmm import GraphRun, sample_reference
+
+    ei, n, x = _graph(n=n, seed=seed)
+    run = GraphRun("g", "original", ei, n)
+    rows = torch.arange(0, n - 1, 3)
+    return run, x, rows, sample_reference(run.adj.rowptr, run.adj.col, x, run.r, run.c, run.d, rows)
+
+
+def test_spmm_baselines_compute_the_suites_product():
+    """cusparse-cached and dgl-path, forward and backward, are the product every spmm row is
+    checked against (the float64 reference of diag(r)(A + diag(d))diag(c) X with adj.norm("gcn"))."""
+    from fgplugin.bench.spmm import BASELINES, check_product, sample_reference
+
+    run, x, _, _ = _spmm_run(n=300)
+    rows = torch.arange(run.n)
+    for which, (rowptr, col, r, c) in {"spmm_fwd": (run.adj.rowptr, run.adj.col, run.r, run.c),
+                                       "spmm_bwd": (run.t_rowptr, run.t_col, run.c, run.r)}.items():
+        ref = sample_reference(rowptr, col, x, r, c, run.d, rows)
+        for impl in BASELINES:
+            rel_err, error = check_product(run.baseline_product(impl, which, torch.float32)(x), ref, rows, "fp32")
+            assert error is None and rel_err <= 1e-6, (impl, which, rel_err)
+
+
+def test_spmm_dgl_path_runs_the_epoch_suites_dgl_path():
+    """On a directed graph (forward and backward differ): the spmm suite's dgl-path products are
+    DGLPathConv's aggregation (W = I, no bias) and the gradient autograd computes through it, on
+    the transposed CSR it builds once."""
+    gen = torch.Generator().manual_seed(8)
+    n, features = 150, 12
+    ei = torch.unique(torch.randint(0, n, (2, 900), generator=gen), dim=1)
+    g = B.DGLPathGraph(ei, n)
+    conv = B.DGLPathConv(torch.eye(features), torch.zeros(features))
+    x = torch.randn(n, features, generator=gen, requires_grad=True)
+    out = conv(x, g)
+    grad = torch.randn(n, features, generator=gen)
+    out.backward(grad)
+    assert _rel_err(B.dgl_path_product(x.detach(), g), out.detach()) <= 1e-6
+    assert _rel_err(B.dgl_path_adjoint(grad, g, g.src_norm(), g.dst_norm()), x.grad) <= 1e-6
+    assert _rel_err(B.dgl_path_adjoint(grad, g, g.src_norm(), g.dst_norm()), B.dgl_path_product(grad, g)) > 1e-2
+
+
+def test_spmm_check_fails_a_product_over_its_limit_or_with_nan():
+    """A row whose product is off by more than its precision's limit, or holds a NaN anywhere (an
+    element it never wrote reads NaN on poisoned memory), fails: rel_err kept, the error names
+    what failed and the limit, and the command's failure report lists it."""
+    from fgplugin.bench.report import failures
+    from fgplugin.bench.spmm import checked
+
+    run, x, rows, ref = _spmm_run()
+    right = run.baseline_product("cusparse-cached", "spmm_fwd", torch.float32)
+    assert checked(row := {"precision": "fp32"}, right, x, ref, rows) and "error" not in row
+    assert row["rel_err"] <= 1e-6
+
+    def off(x):  # 1e-4 relative error: over fp32's limit, within bf16's
+        return right(x) * (1 + 1e-4)
+
+    row = {"graph": "g", "order": "original", "impl": "cusparse-cached", "op": "spmm_fwd", "precision": "fp32"}
+    assert not checked(row, off, x, ref, rows)
+    assert row["rel_err"] == pytest.approx(1e-4, rel=1e-2) and row["error"] == "rel_err 1.00e-04 over the fp32 limit 1e-05"
+    assert failures([row]) == ["g / original / cusparse-cached (spmm_fwd): rel_err 1.00e-04 over the fp32 limit 1e-05"]
+    assert checked(row := {"precision": "bf16"}, off, x, ref, rows) and "error" not in row
+
+    def unwritten_last_row(x):  # outside the sampled rows: only the NaN check sees it
+        out = right(x)
+        out[-1] = float("nan")
+        return out
+
+    assert not checked(row := {"precision": "fp32"}, unwritten_last_row, x, ref, rows)
+    assert row["rel_err"] <= 1e-6 and row["error"].startswith(f"NaN in {x.shape[1]} of {x.numel()} output elements")
+
+
+@CUDA
+def test_poisoned_blocks_are_handed_to_the_next_allocations():
+    """After poison_free_blocks, the next allocations of the output's size read NaN (what a product
+    leaves unwritten), even where the allocator held a block of finished results."""
+    from fgplugin.bench.spmm import POISONED_BLOCKS, poison_free_blocks
+
+    like = torch.randn(3000, 96, device="cuda")
+    numbers = torch.ones_like(like)
+    del numbers  # a free block holding numbers: what an unwritten output would read
+    poison_free_blocks(like)
+    outputs = [torch.empty_like(like) for _ in range(POISONED_BLOCKS)]
+    assert all(bool(out.isnan().all()) for out in outputs)
+
+
+@CUDA_KERNELS
+def test_spmm_suite_checks_and_times_the_dgl_path(tmp_path):
+    """The spmm suite's rows of fgplugin and both baselines at fp32 and bf16: each checked within
+    its limit, then timed; dgl-path at every width and precision, as cusparse-cached."""
+    from fgplugin.bench.cli import main
+    from fgplugin.bench.spmm import REL_ERR_LIMIT
+
+    assert main(["spmm", "--graphs", "tiny", "--orders", "original", "--F", "32,128", "--sweep-graph", "tiny",
+                 "--sweep-order", "original", "--precisions", "fp32,bf16", "--impls",
+                 "fgplugin,cusparse-cached,dgl-path", "--reps", "2", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "spmm.json").read_text())["rows"]
+    assert {(r["impl"], r["op"], r["F"], r["precision"]) for r in rows} == {
+        (i, op, f, p) for i in ("fgplugin", "cusparse-cached", "dgl-path") for op in ("spmm_fwd", "spmm_bwd")
+        for f in (32, 128) for p in ("fp32", "bf16")}
+    for r in rows:
+        assert not r.get("error") and r["rel_err"] <= REL_ERR_LIMIT[r["precision"]] and r["ms_median"] > 0, r
+
+
+@CUDA_KERNELS
+def test_spmm_suite_fails_a_product_that_writes_nothing(tmp_path, monkeypatch, capsys):
+    """A kernel that never writes its output (here: fgplugin's op replaced by an empty tensor) reads
+    NaN on the poisoned memory, even where the allocator held the right product from a call
+    before: its rows fail untimed and the command exits with status 1; the baselines' rows pass."""
+    from fgplugin.bench import spmm
+    from fgplugin.bench.cli import main
+
+    monkeypatch.setattr(spmm, "spmm_op", lambda rowptr, col, x, *rest: torch.empty_like(x))
+    assert main(["spmm", "--graphs", "tiny", "--orders", "original", "--F", "128", "--precisions", "fp32",
+                 "--impls", "fgplugin-csr,cusparse-cached,dgl-path", "--reps", "2", "--out", str(tmp_path)]) == 1
+    rows = json.loads((tmp_path / "spmm.json").read_text())["rows"]
+    for r in rows:
+        if r["impl"] == "fgplugin-csr":
+            assert r["error"].startswith("NaN in") and r["ms_median"] is None, r
+        else:
+            assert not r.get("error") and r["ms_median"] > 0, r
+    assert "FAILED tiny / original / fgplugin-csr (spmm_fwd, spmm_bwd): NaN in" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- epoch suite: each impl's memory, its first step
+def test_epoch_peak_memory_is_each_impls_own(monkeypatch):
+    """peak_mem_bytes, one definition in both modes: what the impl holds once built and warmed up
+    (fgplugin on a reordered graph with the adjacency built with the reordering) plus the largest
+    rise within a round of its timed steps; the problem's shared tensors not counted. The CUDA
+    memory readings are stand-ins here (CPU runs record None)."""
+    from fgplugin.bench import epoch
+
+    monkeypatch.setattr(epoch, "_warm_up_models", lambda *args: None)  # a tiny graph's models: no readings
+    readings = iter([1000, 1300,  # reordered: fgplugin's adjacency holds 300
+                     1400, 1450,  # fgplugin built and warmed up: 50
+                     1450, 1530])  # cusparse-cached: 80
+    monkeypatch.setattr(epoch, "_allocated", lambda device: next(readings))
+    rises = iter([7, 20, 5, 9])  # rounds: fgplugin, cusparse-cached; then cusparse-cached, fgplugin
+    timed = epoch.timed
+    monkeypatch.setattr(epoch, "timed", lambda step, device, steps: (timed(step, device, steps)[0], next(rises)))
+    rows = epoch.run_epoch_suite(["tiny"], ("fgplugin", "cusparse-cached"), ("community",), epochs=4, warmup=1,
+                                 log=lambda *a: None, rounds=2)
+    assert {r["impl"]: r["peak_mem_bytes"] for r in rows if r["op"] == "epoch"} == {
+        "fgplugin": 300 + 50 + 9, "cusparse-cached": 80 + 20}
+    readings = iter([200, 260])
+    rises = iter([12])
+    (row, *_) = epoch.run_one(epoch.load("tiny", "cpu"), "cusparse-cached", epochs=2, hidden=8, warmup=1)
+    assert row["peak_mem_bytes"] == 60 + 12  # one impl alone: the same definition
+
+
+@CUDA
+def test_epoch_peak_memory_is_recorded_in_rounds_on_cuda():
+    """On CUDA every impl's peak memory is recorded in rounds mode too (all models alive), and a
+    captured step (hooks of the first step's clock removed before the capture) is captured."""
+    pytest.importorskip("torch_geometric")
+    from fgplugin.bench import epoch
+
+    rows = epoch.run_epoch_suite(["tiny"], ("fgplugin", "cusparse-cached", "cusparse-cached-graphed"),
+                                 ("original", "community"), epochs=4, warmup=2, device="cuda", log=lambda *a: None,
+                                 rounds=2)
+    steps = [r for r in rows if r["op"] == "epoch"]
+    assert len(steps) == 6 and all(r["peak_mem_bytes"] > 0 and not r.get("error") for r in steps), steps
+    assert all(r["captured"] for r in steps if r["impl"] == "cusparse-cached-graphed")
+    assert all(r["first_step_ms"] > 0 for r in rows if r["op"] == "preprocess")
+
+
+def test_the_first_steps_lazy_work_counts_as_preprocessing(monkeypatch):
+    """What a baseline builds on first use (here dgl-path's transposed CSR, slowed to 50 ms) runs in
+    its first warm-up step: it is on the preprocess row (first_step_ms, first_use_ms) and in its
+    ms_median, not in setup_ms; with no warm-up the first step is a timed one and none is recorded."""
+    import time as clock
+    from fgplugin.bench import epoch
+
+    built, transposed = [], B.DGLPathGraph.transposed
+
+    def slow_first_build(graph, dtype=torch.float32):
+        if not built:
+            clock.sleep(0.05)
+            built.append(dtype)
+        return transposed(graph, dtype)
+
+    monkeypatch.setattr(B.DGLPathGraph, "transposed", slow_first_build)
+    problem = epoch.load("tiny", "cpu")
+    step, pre, _ = epoch.run_one(problem, "dgl-path", epochs=3, hidden=8, warmup=2)
+    assert built and pre["first_step_ms"] >= 50 and pre["setup_ms"] < 50
+    assert pre["first_use_ms"] == pytest.approx(max(pre["first_step_ms"] - step["ms_median"], 0.0))
+    assert pre["ms_median"] == pytest.approx(pre["reorder_ms"] + pre["setup_ms"] + pre["first_use_ms"])
+    _, pre, _ = epoch.run_one(problem, "dgl-path", epochs=2, hidden=8, warmup=0)
+    assert "first_step_ms" not in pre and "first_use_ms" not in pre
+
+
+def test_first_step_clock_ends_with_the_optimizer_step_or_the_next_forward():
+    """The clock's hooks time one step and remove themselves: at the optimizer's step, or, where the
+    step had none (fp16's GradScaler skipping it), where the next forward starts."""
+    from fgplugin.bench.epoch import FirstStepClock
+
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    for skipped in (False, True):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        clock = FirstStepClock(torch.device("cpu"))
+        clock.watch(model, optimizer)
+        model(x).sum().backward()
+        assert clock.seconds is None
+        if not skipped:
+            optimizer.step()
+        model(x)  # the next step
+        assert clock.seconds > 0 and clock.rows_s == 0.0
+        assert not model._forward_pre_hooks and not optimizer._optimizer_step_post_hooks

@@ -165,20 +165,27 @@ def _transpose_csr(rowptr, col, row, values, n):
     return _csr_tensor(t_rowptr, t_col, t_values, n)
 
 
-class _SpMM(torch.autograd.Function):
-    """``A @ h`` with ``A = graph.csr(h.dtype)`` asked for per call; backward ``A^T @ g`` on
-    ``graph.transposed(g.dtype)``. Both in the features' dtype: cuSPARSE multiplies no float32
+def _product(graph, h, transpose: bool = False):
+    """``A @ h`` on ``graph.csr(h.dtype)`` (asked for per call), or with ``transpose`` ``A^T @ h``
+    on ``graph.transposed(h.dtype)``. In the features' dtype: cuSPARSE multiplies no float32
     matrix with 16-bit features, so under autocast the graph keeps a 16-bit copy of its values, as
     a user running this model under autocast would have to."""
+    if transpose:
+        return torch.sparse.mm(graph.transposed(h.dtype), h.contiguous())
+    return torch.sparse.mm(graph.csr(h.dtype), h)
+
+
+class _SpMM(torch.autograd.Function):
+    """``A @ h`` (:func:`_product`); backward ``A^T @ g``."""
 
     @staticmethod
     def forward(ctx, h, graph):
         ctx.graph = graph
-        return torch.sparse.mm(graph.csr(h.dtype), h)
+        return _product(graph, h)
 
     @staticmethod
     def backward(ctx, grad):
-        return torch.sparse.mm(ctx.graph.transposed(grad.dtype), grad.contiguous()), None
+        return _product(ctx.graph, grad, transpose=True), None
 
 
 class _PerDtype:
@@ -217,6 +224,31 @@ class DGLPathGraph:
         return self._transposed.get(dtype, lambda: _transpose_csr(self.rowptr, self.col, self.row,
                                                                    self._ones_of(dtype), self.n))
 
+    def src_norm(self, dtype=torch.float32):
+        """``out_deg^-1/2`` as a column in ``dtype``, computed on each call as DGL's ``GraphConv``
+        does (which casts the degrees to its input features' dtype first)."""
+        return self.out_deg.to(dtype).clamp(min=1).pow(-0.5).unsqueeze(1)
+
+    def dst_norm(self, dtype=torch.float32):
+        """``in_deg^-1/2`` as a column in ``dtype``, as :meth:`src_norm`."""
+        return self.in_deg.to(dtype).clamp(min=1).pow(-0.5).unsqueeze(1)
+
+
+def dgl_path_product(h, g: DGLPathGraph):
+    """DGL ``GraphConv(norm='both')``'s aggregation without its weight, ``D_in^-1/2 (A + I)
+    D_out^-1/2 h``, by :class:`DGLPathConv`'s ops: ``h * out_deg^-1/2``, the uncached SpMM with
+    all-ones values, ``* in_deg^-1/2``, the scales in h's dtype as DGL has them (no autograd: the
+    spmm suite's forward ``dgl-path`` row)."""
+    return _product(g, h * g.src_norm(h.dtype)) * g.dst_norm(h.dtype)
+
+
+def dgl_path_adjoint(grad, g: DGLPathGraph, src_norm, dst_norm):
+    """The backward of :func:`dgl_path_product` as autograd runs it: ``grad * in_deg^-1/2``, the
+    SpMM on the transposed CSR (built on first use, then reused), ``* out_deg^-1/2``; ``src_norm``
+    and ``dst_norm`` are the forward's (:meth:`DGLPathGraph.src_norm`, ``dst_norm`` in the
+    features' dtype), which autograd keeps rather than computing again."""
+    return _product(g, grad * dst_norm, transpose=True) * src_norm
+
 
 class DGLPathConv(nn.Module):
     """DGL ``GraphConv(norm='both')``'s code path from torch ops: ``h * out_deg^-1/2``, then W first
@@ -228,14 +260,12 @@ class DGLPathConv(nn.Module):
         self.bias = nn.Parameter(bias.clone())
 
     def forward(self, x, g: DGLPathGraph):
-        norm_src = g.out_deg.clamp(min=1).pow(-0.5)
-        h = x * norm_src.unsqueeze(1)
+        h = x * g.src_norm()
         if self.weight.shape[0] > self.weight.shape[1]:
             h = _SpMM.apply(h @ self.weight, g)
         else:
             h = _SpMM.apply(h, g) @ self.weight
-        norm_dst = g.in_deg.clamp(min=1).pow(-0.5)
-        return h * norm_dst.unsqueeze(1) + self.bias
+        return h * g.dst_norm() + self.bias
 
 
 class CachedCSRGraph:

@@ -26,8 +26,10 @@ Results: ``<out>/<suite>.json`` (``--name`` for another stem; the spmm suite als
 null; ``fgplugin_version`` is the installed fgplugin's.
 
 Exit status: 0 when every row ran; 1 when a row failed (each failed row is printed on stderr with
-its graph, order, impl and reason, and kept in the JSON with ``error``); 2 for a usage error or a
-suite that cannot run here (spmm and threshold without a CUDA GPU; accuracy without its data).
+its graph, order, impl and reason, and kept in the JSON with ``error``; in the spmm and threshold
+suites also a product over its precision's error limit or with NaN in its output); 2 for a usage
+error or a suite that cannot run here (spmm and threshold without a CUDA GPU; accuracy without its
+data).
 """
 from __future__ import annotations
 
@@ -66,7 +68,8 @@ def parser() -> argparse.ArgumentParser:
                                     "fgplugin-sharded and the -graphed ones, fgplugin-torch-dropout "
                                     "on CPU only; accuracy: pyg-edge_index,fgplugin). spmm/threshold: fgplugin, "
                                     "fgplugin-nodense, fgplugin-csr, fgplugin-t2, fgplugin-t5, fgplugin-t10, "
-                                    "cusparse-cached (default: all; threshold: fgplugin and fgplugin-t*)")
+                                    "cusparse-cached, dgl-path (default: all; threshold: fgplugin and "
+                                    "fgplugin-t*)")
     ap.add_argument("--orders", default=None,
                     help="comma list: original and/or fgplugin.reorder methods, <method>-blockwise<parts> for "
                          "Algorithm 2 (default original,community; reorder suite: degsort,slashburn,rcm,metis,"

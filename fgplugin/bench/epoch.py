@@ -10,18 +10,29 @@ Per (graph, order, impl) it records:
 
 - ``op="epoch"``: one training step (forward, cross-entropy on the training nodes, backward, Adam
   step); CUDA events on a GPU, ``time.perf_counter`` on the CPU; ``warmup`` steps first, then the
-  median, min and max of ``epochs`` steps; ``peak_mem_bytes`` on a GPU
-  (``max_memory_allocated`` after ``reset_peak_memory_stats``; ``None`` on the CPU);
+  median, min and max of ``epochs`` steps; ``peak_mem_bytes`` on a GPU (``None`` on the CPU): the
+  impl's own peak, in both modes of ``rounds``: the device memory it holds once built and warmed
+  up (``memory_allocated`` then, less before its build: model, graph structures, optimizer state,
+  gradients, caches; for fgplugin on a reordered graph also the adjacency built with the
+  reordering) plus the largest rise within a round of its timed steps (``max_memory_allocated``
+  after ``reset_peak_memory_stats`` at the round's start, less ``memory_allocated`` then). The
+  problem's shared tensors (features, labels, masks, edge_index) are not counted;
 - ``op="preprocess"``: the order's reordering time (fgplugin's ``reorder``; 0 on the original
-  order) plus the impl's own graph setup (fgplugin: the tile plan, the ``threshold="auto"``
-  probe and the CUDA kernel plans, ``baselines.fgplugin_adjacency``; DGL: the graph with self
-  loops; the CSR baselines: their CSRs);
-- ``op="train200"``: preprocessing + 200 x the median epoch (an estimate, ``estimated: true``),
-  plus, where a layer keeps its constant input's aggregation (fgplugin.input_cache), the one-time
-  cost of building it (``input_cache_ms`` on the preprocess row: the step that builds it, less a
-  step that reuses it), and where the last layer's backward product skips the zero rows of its
-  gradient (fgplugin.grad_rows), the time spent building that product's restricted structure in
-  the warm-up steps (``grad_rows_ms``).
+  order) plus the impl's own graph setup (``setup_ms``; fgplugin: the tile plan, the
+  ``threshold="auto"`` probe and the CUDA kernel plans, ``baselines.fgplugin_adjacency``; DGL:
+  the graph with self loops; the CSR baselines: their CSRs) plus the one-time costs below;
+- ``op="train200"``: preprocessing + 200 x the median epoch (an estimate, ``estimated: true``).
+
+One-time costs on the preprocess row, each counted in its ``ms_median``: ``first_use_ms``, what
+an impl builds on first use (stock PyG ``GCNConv(cached=True)``'s ``gcn_norm``, dgl-path's
+transposed CSR, the baselines' 16-bit value copies under autocast): the first training step
+(``first_step_ms``: forward to the end of the optimizer step, synced, the first warm-up step; not
+recorded with ``warmup=0``) less the median step and less the zero-row restrictions it built
+(counted in ``grad_rows_ms``); where a layer keeps its constant input's aggregation
+(fgplugin.input_cache), the cost of building it (``input_cache_ms``: the step that builds it, less
+a step that reuses it); where the last layer's backward product skips the zero rows of its
+gradient (fgplugin.grad_rows), the time spent building that product's restricted structure in
+the warm-up steps (``grad_rows_ms``); a captured step's capture (``capture_ms``).
 
 A row that cannot run keeps its place with ``ms_median: None`` and ``error``.
 """
@@ -95,6 +106,7 @@ class Problem:
     reorder_s: float = 0.0
     adj: object = None  # fgplugin.TiledAdjacency of this order (reordered graphs)
     plan_s: float = 0.0
+    adj_bytes: int | None = None  # device memory adj holds (None off CUDA)
     note: str = ""
 
     @property
@@ -146,14 +158,16 @@ def reordered(problem: Problem, method: str, seed: int = 0, parts: int = 1) -> P
     sync()
     reorder_s = time.perf_counter() - start
     edge_index = inverse_permutation(perm)[problem.edge_index]
+    before = _allocated(problem.x.device)
     start = time.perf_counter()
     adj = baselines.fgplugin_adjacency(edge_index, problem.num_nodes, perm=perm)
     sync()
     plan_s = time.perf_counter() - start
+    adj_bytes = None if before is None else _allocated(problem.x.device) - before
     order = method if parts == 1 else f"{method}-blockwise{parts}"
     return replace(problem, order=order, edge_index=edge_index, x=problem.x[perm], y=problem.y[perm],
                    train_mask=problem.train_mask[perm], test_mask=problem.test_mask[perm], reorder_s=reorder_s,
-                   adj=adj, plan_s=plan_s)
+                   adj=adj, plan_s=plan_s, adj_bytes=adj_bytes)
 
 
 def reordered_as(problem: Problem, order: str, seed: int = 0) -> Problem:
@@ -166,6 +180,16 @@ def _sync(device):
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
     return lambda: None
+
+
+def _allocated(device) -> int | None:
+    """Bytes of ``device`` memory that tensors hold now (``memory_allocated``), after a garbage
+    collection, so that what is already unreachable (an earlier impl's cycles) is not counted and is
+    not freed while another impl's memory is measured; ``None`` off CUDA."""
+    if device.type != "cuda":
+        return None
+    gc.collect()
+    return torch.cuda.memory_allocated(device)
 
 
 # Precisions of the epoch and accuracy suites: the dtype of torch.autocast around the forward
@@ -200,15 +224,55 @@ def train_step(model, graph, problem: Problem, optimizer, precision: str = "fp32
         scaler.update()
 
 
-def warmed_up_step(model, graph, problem: Problem, warmup: int = 3, precision: str = "fp32", graphed: bool = False):
+class FirstStepClock:
+    """Times a model's first training step: from the start of its first forward call to the end of
+    its optimizer's first step, the device synced at both ends (``seconds``; ``rows_s``: the
+    zero-row restrictions built meanwhile, fgplugin.grad_rows). Hooks on the model and the
+    optimizer (:meth:`watch`) see the step wherever it runs, in fgplugin.graphed_step's warm-up
+    too, and remove themselves after it (a captured step must not sync). A first step whose
+    optimizer step was skipped (fp16's GradScaler after an overflow) ends where the next forward
+    starts; one that never ran leaves ``seconds`` ``None``."""
+
+    def __init__(self, device: torch.device):
+        self._sync, self._hooks, self._start, self._rows_before = _sync(device), [], None, 0.0
+        self.seconds = self.rows_s = None
+
+    def watch(self, model, optimizer) -> None:
+        self._hooks = [model.register_forward_pre_hook(self._on_forward),
+                       optimizer.register_step_post_hook(self._stop)]
+
+    def _on_forward(self, *_):
+        if self._start is not None:  # the first step ended without an optimizer step
+            self._stop()
+            return
+        self._sync()
+        self._start, self._rows_before = time.perf_counter(), grad_rows.total_build_s()
+
+    def _stop(self, *_):
+        self._sync()
+        self.seconds = time.perf_counter() - self._start
+        self.rows_s = grad_rows.total_build_s() - self._rows_before
+        self.close()
+
+    def close(self) -> None:
+        """Removes the hooks (a step still running when called is not recorded)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def warmed_up_step(model, graph, problem: Problem, warmup: int = 3, precision: str = "fp32", graphed: bool = False,
+                   clock: FirstStepClock | None = None):
     """The model's training step (Adam, as the suites train), after ``warmup`` untimed steps;
     ``graphed``: the step captured as one CUDA graph by :func:`fgplugin.graphed_step` after the
     warm-up (its loss indexes the training rows, which a captured step needs, instead of masking
-    them)."""
+    them); ``clock`` times the first warm-up step."""
     device = problem.x.device
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
     scaler = grad_scaler(device, precision)
+    if clock is not None:
+        clock.watch(model, optimizer)
 
     def step():
         train_step(model, graph, problem, optimizer, precision, scaler)
@@ -224,21 +288,22 @@ def warmed_up_step(model, graph, problem: Problem, warmup: int = 3, precision: s
     return step
 
 
-def timed(step, device: torch.device, steps: int, peak_memory: bool = False):
-    """``(ms per step list, peak_mem_bytes or None)`` of ``steps`` calls of ``step``: CUDA events
-    on a GPU (the peak memory with ``peak_memory``), the host clock elsewhere."""
+def timed(step, device: torch.device, steps: int):
+    """``(ms per step list, memory rise)`` of ``steps`` calls of ``step``: CUDA events on a GPU,
+    with the largest rise of allocated memory over what was allocated before them
+    (``max_memory_allocated`` after ``reset_peak_memory_stats``, less ``memory_allocated`` then);
+    the host clock elsewhere, with no rise (``None``)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        if peak_memory:
-            torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
         for start, end in events:
             start.record()
             step()
             end.record()
         torch.cuda.synchronize(device)
-        peak = int(torch.cuda.max_memory_allocated(device)) if peak_memory else None
-        return [s.elapsed_time(e) for s, e in events], peak
+        return [s.elapsed_time(e) for s, e in events], int(torch.cuda.max_memory_allocated(device)) - before
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -295,7 +360,7 @@ def run_one(problem: Problem, impl: str, epochs: int, hidden: int, seed: int = 0
             model_name: str = "gcn", precision: str = "fp32") -> list[dict]:
     """The epoch, preprocess and train200 rows of one (graph, order, impl, model, precision)."""
     run = ImplRun(problem, impl, hidden, seed, warmup, model_name, precision)
-    run.time(epochs, peak_memory=True)
+    run.time(epochs)
     return run.finish()
 
 
@@ -316,15 +381,19 @@ class ImplRun:
         self.common = {"graph": problem.name, "order": problem.order, "impl": impl, "model": model_name,
                        "F": problem.num_features, "hidden": hidden, "precision": precision,
                        "nodes": problem.num_nodes, "nnz": problem.edge_index.shape[1]}
-        self.times, self.peak, self.error = [], None, None
+        self.times, self.error = [], None
         self.model = self.graph = self.step = None
         self.setup_s = self.rows_s = 0.0  # rows_s: zero-row restrictions built in this impl's steps
         self.capture_s = None  # a captured step's capture
+        self.first_step = FirstStepClock(problem.x.device)
+        # device memory (None off CUDA): held once built and warmed up; largest rise within a round of timed steps
+        self.held_bytes = self.rise = None
         device = problem.x.device
         with self._shortcuts_as_impl():
             try:
                 weights = baselines.reference_weights(problem.num_features, hidden, problem.num_classes, seed, device,
                                                       root=model_name == "sage")
+                before = _allocated(device)
                 adj = problem.adj if impl in FGPLUGIN_PYG else None
                 self.model, self.graph, self.setup_s = baselines.build(impl, weights, problem.edge_index,
                                                                        problem.num_nodes, adj=adj, model=model_name)
@@ -336,7 +405,10 @@ class ImplRun:
                 if captured(impl):
                     self._capture(problem, warmup, precision)
                 else:
-                    self.step = warmed_up_step(self.model, self.graph, problem, warmup, precision)
+                    self.step = warmed_up_step(self.model, self.graph, problem, warmup, precision,
+                                               clock=self.first_step)
+                self.first_step.close()  # with warmup=0 the first step is a timed one: no hooks there
+                self.held_bytes = self._held_since(before, adj)
             except Exception as err:  # noqa: BLE001 - a failed row keeps its place
                 self.error = _error_text(err)  # leaving the block drops the traceback and the tensors it holds
         if self.error is not None:
@@ -347,11 +419,22 @@ class ImplRun:
         preprocessing (``capture_ms``; its warm-up steps are the warm-up every impl has). On CUDA
         a step that could not be captured is this row's error, not an eager row under a captured
         name."""
-        self.step = warmed_up_step(self.model, self.graph, problem, warmup, precision, graphed=True)
+        self.step = warmed_up_step(self.model, self.graph, problem, warmup, precision, graphed=True,
+                                   clock=self.first_step)
         self.capture_s = self.step.capture_s
         self.common["captured"] = self.step.graph is not None  # off CUDA the step runs eagerly
         if _can_capture(problem.x.device) and self.step.graph is None:
             raise RuntimeError(f"the step could not be captured: {self.step.fallback_reason}")
+
+    def _held_since(self, before: int | None, adj) -> int | None:
+        """Device memory allocated since ``before`` (this impl's model, graph, optimizer state,
+        gradients and caches, once warmed up), plus ``adj``'s where the impl runs on the
+        reordered graph's adjacency (built with the reordering, before any impl); ``None`` off
+        CUDA."""
+        now = _allocated(self.problem.x.device)
+        if now is None:
+            return None
+        return now - before + (self.problem.adj_bytes if adj is not None else 0)
 
     @contextmanager
     def _shortcuts_as_impl(self):
@@ -367,14 +450,13 @@ class ImplRun:
             fgplugin.set_input_cache(cache_was)
             fgplugin.set_row_skipping(skip_was)
 
-    def time(self, steps: int, peak_memory: bool = False) -> None:
-        """Times ``steps`` more steps; ``peak_memory``: record the peak GPU memory (meaningful only
-        while no other impl's model is alive)."""
+    def time(self, steps: int) -> None:
+        """Times ``steps`` more steps (a round), with the largest rise of memory within them."""
         if self.error is not None:
             return
         with self._shortcuts_as_impl():
             try:
-                times, peak = timed(self.step, self.problem.x.device, steps, peak_memory)
+                times, rise = timed(self.step, self.problem.x.device, steps)
                 if captured(self.impl) and _can_capture(self.problem.x.device) and self.step.captures > 1:
                     raise RuntimeError("the step was captured again while timed (its inputs or optimizer changed)"
                                        + ("" if self.step.graph is not None else
@@ -385,8 +467,23 @@ class ImplRun:
             self._release()
             return
         self.times += times
-        if peak is not None:
-            self.peak = max(peak, self.peak or 0)
+        if rise is not None:
+            self.rise = max(rise, self.rise or 0)
+
+    def peak_mem_bytes(self) -> int | None:
+        """The impl's own peak device memory: what it holds once built and warmed up plus the
+        largest rise within a round of its timed steps (``None`` off CUDA)."""
+        if self.held_bytes is None or self.rise is None:
+            return None
+        return self.held_bytes + self.rise
+
+    def first_use_s(self, median_ms: float) -> float | None:
+        """What the first step built on first use: its time less the median step's and less the
+        zero-row restrictions built in it (counted in ``grad_rows_ms``); ``None`` where no first
+        step was timed."""
+        if self.first_step.seconds is None:
+            return None
+        return max(self.first_step.seconds - self.first_step.rows_s - median_ms / 1e3, 0.0)
 
     def _release(self) -> None:
         """Frees the model, graph and step (a failed impl's at once: the other impls of the graph
@@ -413,19 +510,22 @@ class ImplRun:
                     for op in ("epoch", "preprocess", "train200")]
         times = self.times
         median = statistics.median(times)
+        first_use_s = self.first_use_s(median)
         pre_ms = 1e3 * (self.problem.reorder_s + self.setup_s + (cache_s or 0.0) + self.rows_s
-                        + (self.capture_s or 0.0))
-        cache = {} if cache_s is None else {"input_cache_ms": 1e3 * cache_s}
+                        + (self.capture_s or 0.0) + (first_use_s or 0.0))
+        once = {} if cache_s is None else {"input_cache_ms": 1e3 * cache_s}
         if self.rows_s:
-            cache["grad_rows_ms"] = 1e3 * self.rows_s
+            once["grad_rows_ms"] = 1e3 * self.rows_s
         if self.capture_s is not None:
-            cache["capture_ms"] = 1e3 * self.capture_s
+            once["capture_ms"] = 1e3 * self.capture_s
+        if first_use_s is not None:
+            once.update(first_step_ms=1e3 * self.first_step.seconds, first_use_ms=1e3 * first_use_s)
         return [
             {**common, "op": "epoch", "ms_median": median, "ms_min": min(times), "ms_max": max(times),
-             "reps": len(times), "warmup": self.warmup, "peak_mem_bytes": self.peak,
+             "reps": len(times), "warmup": self.warmup, "peak_mem_bytes": self.peak_mem_bytes(),
              **({} if kept is None else {"kept_input": kept})},
             {**common, "op": "preprocess", "ms_median": pre_ms, "reorder_ms": 1e3 * self.problem.reorder_s,
-             "setup_ms": 1e3 * self.setup_s, **cache},
+             "setup_ms": 1e3 * self.setup_s, **once},
             {**common, "op": "train200", "ms_median": pre_ms + 200 * median, "estimated": True},
         ]
 
@@ -483,9 +583,8 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
     ``rounds`` > 1 builds every impl of a graph first and times their ``epochs`` steps in that many
     rounds, the impls taking turns (in an order rotated by one each round), so that a slow spell of
     the host (launch-bound steps of a few ms moved by up to 24% within seconds on a lent H100) falls
-    on all of them alike; peak memory
-    is then not recorded (the other impls' models are alive). ``rounds=1`` times one impl after
-    the other, each alone in memory (the large graphs)."""
+    on all of them alike (``peak_mem_bytes`` counts each impl's own memory: see the module doc).
+    ``rounds=1`` times one impl after the other, each alone in memory (the large graphs)."""
     device = torch.device(device)
     rows = []
     variants = [(m, p) for m in models for p in precisions]

@@ -20,20 +20,30 @@ as fgplugin's op runs it, on
   under 3M non-zeros),
   ``fgplugin-t2`` / ``-t5`` / ``-t10`` (fixed 2 / 5 / 10% thresholds; reordered graphs only),
   ``fgplugin-nodense`` (threshold 1.0: every non-zero in the row-balanced CSR part),
-  ``fgplugin-csr`` (empty plan: the simple CSR kernel), ``cusparse-cached`` (``torch.sparse.mm``
-  on a CSR of ``A + I`` holding the normalized values, built once);
+  ``fgplugin-csr`` (empty plan: the simple CSR kernel), and the baselines ``cusparse-cached``
+  (``torch.sparse.mm`` on a CSR of ``A + I`` holding the normalized values, built once) and
+  ``dgl-path`` (DGL's GPU path as the epoch suite rebuilds it, ``baselines.dgl_path_product``:
+  ``D^-1/2`` as elementwise ops before and after an uncached cuSPARSE SpMM of ``A + I`` with
+  all-ones values; backward on the transposed CSR, built once; DGL normalizes the source side by
+  out-degrees, so on a directed graph it is another product and fails its check);
 - ``F`` = 128 on every graph, plus the ``--F`` sweep on ``--sweep-graph`` in ``--sweep-order``;
   precisions ``fp32`` (TF32 off), ``tf32`` (F = 128 only) and ``bf16``; below F = 128 or in
-  16-bit only ``fgplugin``, ``fgplugin-nodense`` and ``cusparse-cached`` run, and the ``ideal``
-  order runs fp32 only.
+  16-bit only ``fgplugin``, ``fgplugin-nodense`` and the baselines run (``EVERY_WIDTH``), and the
+  ``ideal`` order runs fp32 only.
+
+Correct first: each row's product is called once on memory filled with NaN
+(:func:`poison_free_blocks`) and checked (:func:`checked`): ``rel_err``, the Frobenius error on 512
+sampled rows against a float64 reference, must be within the limit of the row's precision
+(``REL_ERR_LIMIT``: fp32 1e-5, tf32 5e-3, bf16 2e-2), and the output must hold no NaN. A row that
+fails keeps ``rel_err`` and gets an ``error`` naming what failed and the limit; it is not timed, and
+the command exits with status 1.
 
 Timing: CUDA events, 3 warm-up calls, median of ``--reps`` (20) calls with min and max kept,
 ``peak_mem_bytes`` (``max_memory_allocated`` over the timed calls); inputs rotated over 4 buffers
-when ``X`` is at most 64 MiB (so L2 does not hold the next call's input). ``rel_err``: Frobenius
-error on 512 sampled rows against a float64 reference. ``floor_ms``: 8 B per non-zero + 8 B per
-row pointer + reading ``X`` once + writing the output once (in the run's element size), over the
-measured copy bandwidth (``copy_TBps``); ``x_floor`` = ``ms_median / floor_ms``. See
-docs/benchmarks.md for the method.
+when ``X`` is at most 64 MiB (so L2 does not hold the next call's input). ``floor_ms``: 8 B per
+non-zero + 8 B per row pointer + reading ``X`` once + writing the output once (in the run's
+element size), over the measured copy bandwidth (``copy_TBps``); ``x_floor`` = ``ms_median /
+floor_ms``. See docs/benchmarks.md for the method.
 
 The ``threshold`` suite is the ``fgplugin`` and fixed-threshold rows at F = 128, fp32 (by default
 it runs only those); its result adds ``auto_vs_best``: per graph, order and op, auto's time over
@@ -58,8 +68,15 @@ REPS = 20
 PRECISIONS = ("fp32", "tf32", "bf16")
 DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FIXED = {"fgplugin-t2": 0.02, "fgplugin-t5": 0.05, "fgplugin-t10": 0.10}
-IMPLS = ("fgplugin", "fgplugin-nodense", "fgplugin-csr", *FIXED, "cusparse-cached")
+BASELINES = ("cusparse-cached", "dgl-path")
+IMPLS = ("fgplugin", "fgplugin-nodense", "fgplugin-csr", *FIXED, *BASELINES)
 THRESHOLD_IMPLS = ("fgplugin", *FIXED)
+EVERY_WIDTH = ("fgplugin", "fgplugin-nodense", *BASELINES)  # the others run at F = 128 in fp32 only
+# docs/benchmarks.md's limits of the relative Frobenius error against the float64 reference
+REL_ERR_LIMIT = {"fp32": 1e-5, "tf32": 5e-3, "bf16": 2e-2, "fp16": 1e-2}
+# A product's output and the temporaries of its size it allocates before it (dgl-path: two) take
+# blocks of that size from the caching allocator: poisoning this many covers them.
+POISONED_BLOCKS = 4
 
 
 @dataclass
@@ -157,6 +174,43 @@ def time_fn(fn, inputs, reps):
     return times[len(times) // 2], times[0], times[-1], torch.cuda.max_memory_allocated()
 
 
+def poison_free_blocks(like: torch.Tensor, blocks: int = POISONED_BLOCKS) -> None:
+    """Fills with NaN the memory that CUDA's caching allocator hands out next for ``blocks``
+    tensors of ``like``'s size: it allocates them NaN-filled and frees them, and the allocator
+    gives the same blocks to the next requests of that size (the smallest free block that fits,
+    lowest address first). The products allocate their outputs uninitialized (fgplugin's op,
+    ``torch.sparse.mm``), so an element a product never writes then reads NaN instead of whatever
+    the memory held. (Useless off CUDA: the host allocator returns large blocks to the system.)"""
+    poison = [torch.full_like(like, float("nan")) for _ in range(blocks)]
+    del poison
+
+
+def check_product(out, ref, rows, precision: str) -> tuple[float, str | None]:
+    """``(rel_err, error)`` of the product ``out``: ``rel_err`` of its ``rows`` against their
+    float64 reference ``ref``; ``error`` names a NaN anywhere in ``out`` or a ``rel_err`` over
+    ``REL_ERR_LIMIT[precision]``, and is ``None`` when the product passes."""
+    rel_err = float((out[rows].double() - ref).norm() / ref.norm().clamp_min(1e-300))
+    nans = int(torch.isnan(out).sum())
+    if nans:
+        return rel_err, f"NaN in {nans} of {out.numel()} output elements (unwritten elements read NaN)"
+    limit = REL_ERR_LIMIT[precision]
+    if not rel_err <= limit:
+        return rel_err, f"rel_err {rel_err:.2e} over the {precision} limit {limit:.0e}"
+    return rel_err, None
+
+
+def checked(row: dict, fn, x, ref, rows) -> bool:
+    """Whether the product ``fn(x)``, called once on poisoned memory (:func:`poison_free_blocks`),
+    passes :func:`check_product` at ``row["precision"]``; records its ``rel_err`` in ``row`` and,
+    where it fails, the ``error``."""
+    poison_free_blocks(x)
+    out = fn(x)
+    row["rel_err"], error = check_product(out, ref, rows, row["precision"])
+    if error is not None:
+        row["error"] = error
+    return error is None
+
+
 def sample_reference(rowptr, col, x, r, c, d, rows):
     """float64 rows of diag(r)(A + diag(d))diag(c) x for the sampled rows (unit weights)."""
     starts, ends = rowptr[rows].long(), rowptr[rows + 1].long()
@@ -174,7 +228,7 @@ def sample_reference(rowptr, col, x, r, c, d, rows):
 
 
 class GraphRun:
-    """One graph in one order: adjacency, GCN scales, transposes, baselines' CSRs."""
+    """One graph in one order: adjacency, GCN scales, transposes, baselines' graphs."""
 
     def __init__(self, name, order, edge_index, n):
         from fgplugin.tiling import TiledAdjacency
@@ -185,15 +239,51 @@ class GraphRun:
         self.t_rowptr, self.t_col, _ = self.adj.transpose()
         self.symmetric = self.t_rowptr is self.adj.rowptr and self.t_col is self.adj.col
         self.nnz = self.adj.nnz
-        self._cusparse = None
+        self._cusparse, self._dgl_path = {}, None
 
-    def cusparse(self):
-        """(A_norm, A_norm^T) as torch sparse CSR with int32 indices, normalized values, diag added."""
-        if self._cusparse is None:
-            fwd = self._csr(self.adj.rowptr, self.adj.col, self.r, self.c)
-            bwd = fwd if (self.symmetric and self.r is self.c) else self._csr(self.t_rowptr, self.t_col, self.c, self.r)
-            self._cusparse = (fwd, bwd)
-        return self._cusparse
+    def baseline_product(self, impl: str, which: str, dtype: torch.dtype):
+        """The product of baseline ``impl`` (``BASELINES``) for ``which``: ``x -> A_norm x``
+        (``spmm_fwd``) or ``g -> A_norm^T g`` (``spmm_bwd``), on features of ``dtype``."""
+        if impl == "cusparse-cached":
+            m = self.cusparse(which, dtype)
+            return lambda x: torch.sparse.mm(m, x)
+        from .baselines import dgl_path_adjoint, dgl_path_product
+
+        g = self.dgl_path()
+        if which == "spmm_fwd":
+            return lambda x: dgl_path_product(x, g)
+        src_norm, dst_norm = g.src_norm(dtype), g.dst_norm(dtype)  # the forward's, which autograd keeps
+        return lambda grad: dgl_path_adjoint(grad, g, src_norm, dst_norm)
+
+    def cusparse(self, which: str, dtype: torch.dtype = torch.float32):
+        """A_norm (``spmm_fwd``) or A_norm^T (``spmm_bwd``) as a torch sparse CSR with int32
+        indices, normalized values and the diagonal added, in ``dtype`` (cuSPARSE multiplies no
+        float32 matrix with 16-bit features); each built once."""
+        key = (which, dtype)
+        if key not in self._cusparse:
+            if dtype != torch.float32:
+                m = self.cusparse(which).to(dtype)
+            elif which == "spmm_fwd":
+                m = self._csr(self.adj.rowptr, self.adj.col, self.r, self.c)
+            elif self.symmetric and self.r is self.c:
+                m = self.cusparse("spmm_fwd")
+            else:
+                m = self._csr(self.t_rowptr, self.t_col, self.c, self.r)
+            self._cusparse[key] = m
+        return self._cusparse[key]
+
+    def dgl_path(self):
+        """DGL's graph of ``A + I`` (:class:`fgplugin.bench.baselines.DGLPathGraph`: CSR with
+        all-ones values and degrees; its transposed CSR built on the first backward product),
+        built once from the adjacency."""
+        if self._dgl_path is None:
+            from fgplugin._csr import rows_of_edges
+
+            from .baselines import DGLPathGraph
+
+            edge_index = torch.stack([self.adj.col.long(), rows_of_edges(self.adj.rowptr, self.nnz)])  # (src, dst)
+            self._dgl_path = DGLPathGraph(edge_index, self.n)
+        return self._dgl_path
 
     def _csr(self, rowptr, col, r, c):
         from fgplugin._csr import rows_of_edges
@@ -246,7 +336,7 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
         impls += ["fgplugin-nodense", "fgplugin-csr"]
         if run.order != "original":
             impls += list(FIXED)
-    impls.append("cusparse-cached")
+    impls += list(BASELINES)
     impls = [i for i in impls if impl_filter is None or i in impl_filter]
     for thr in FIXED.values():  # built first, so the auto probe reuses them
         if any(i in impls for i in FIXED) or "fgplugin" in impls:
@@ -287,9 +377,7 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
                 r, c = (run.r, run.c) if which == "spmm_fwd" else (run.c, run.r)
                 refs[which] = sample_reference(rp, cl, xs[0], r, c, run.d, sample_rows)
             for impl in impls:
-                if prec != "fp32" and impl not in ("fgplugin", "fgplugin-nodense", "cusparse-cached"):
-                    continue
-                if F != 128 and impl not in ("fgplugin", "fgplugin-nodense", "cusparse-cached"):
+                if (prec != "fp32" or F != 128) and impl not in EVERY_WIDTH:
                     continue
                 cls = "fp32" if dtype == torch.float32 else "16bit"
                 thr = {"fgplugin": auto_thr.get(cls), "fgplugin-nodense": 1.0, **FIXED}.get(impl)
@@ -299,15 +387,8 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
                            "rel_err": None}
                     try:
                         set_precision(prec)
-                        if impl == "cusparse-cached":
-                            fwd_m, bwd_m = run.cusparse()
-                            m = fwd_m if which == "spmm_fwd" else bwd_m
-                            if dtype != torch.float32:
-                                key = ("_lowp", which, dtype)
-                                if key not in run.__dict__:
-                                    run.__dict__[key] = m.to(dtype)
-                                m = run.__dict__[key]
-                            fn = lambda x, m=m: torch.sparse.mm(m, x)  # noqa: E731
+                        if impl in BASELINES:
+                            fn = run.baseline_product(impl, which, dtype)
                         else:
                             if impl == "fgplugin-csr":
                                 p, tp, build_s = None, None, 0.0
@@ -323,14 +404,11 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
                             else:
                                 fn = lambda x, p=tp: spmm_op(run.t_rowptr, run.t_col, x, run.c, run.r,  # noqa: E731
                                                              run.d, p)
-                        out = fn(xs[0])
-                        ref = refs[which]
-                        got = out[sample_rows].double()
-                        row["rel_err"] = float((got - ref).norm() / ref.norm().clamp_min(1e-300))
-                        del out
-                        med, lo, hi, peak = time_fn(fn, xs, args.reps)
-                        row.update(ms_median=round(med, 4), ms_min=round(lo, 4), ms_max=round(hi, 4),
-                                   peak_mem_bytes=int(peak), x_floor=round(med / floor_ms, 2))
+                        # checked first: a wrong product's time is no result
+                        if checked(row, fn, xs[0], refs[which], sample_rows):
+                            med, lo, hi, peak = time_fn(fn, xs, args.reps)
+                            row.update(ms_median=round(med, 4), ms_min=round(lo, 4), ms_max=round(hi, 4),
+                                       peak_mem_bytes=int(peak), x_floor=round(med / floor_ms, 2))
                     except torch.cuda.OutOfMemoryError:
                         row["error"] = "OOM"
                         torch.cuda.empty_cache()
@@ -486,7 +564,7 @@ def print_tables(rows, notes, log=_print):
     log(f"{'graph':<14}{'order':<10}{'impl':<18}{'op':<9}{'F':>4} {'prec':<5}{'ms':>9}{'x floor':>8}"
         f"{'rel_err':>10}{'thr':>7}{'dense':>7}  note")
     for r in rows:
-        if r.get("F") not in (128, None) and r.get("impl") not in ("fgplugin", "cusparse-cached"):
+        if r.get("F") not in (128, None) and r.get("impl") not in ("fgplugin", *BASELINES):
             continue
         ms, err, thr, share = r.get("ms_median"), r.get("rel_err"), r.get("threshold"), r.get("dense_share")
         xf = r.get("x_floor")
@@ -508,6 +586,7 @@ def print_tables(rows, notes, log=_print):
                 continue
             cs_orig = get(graph, "original", "cusparse-cached", op_name)
             cs_same = get(graph, best[1], "cusparse-cached", op_name)
+            dgl_orig = get(graph, "original", "dgl-path", op_name)
             bf = get(graph, best[1], "fgplugin", op_name, prec="bf16")
             floor = next((r["floor_ms"] for r in rows if r.get("graph") == graph and r.get("F") == 128
                           and r.get("precision") == "fp32" and r.get("floor_ms")), None)
@@ -516,6 +595,8 @@ def print_tables(rows, notes, log=_print):
                 parts.append(f"vs cuSPARSE original {cs_orig / best[0]:.2f}x (>=4)")
             if cs_same:
                 parts.append(f"vs cuSPARSE same order {cs_same / best[0]:.2f}x (>=2)")
+            if dgl_orig:
+                parts.append(f"vs DGL path original {dgl_orig / best[0]:.2f}x")
             if floor:
                 parts.append(f"{best[0] / floor:.2f}x floor (proteins <=5)")
             if bf:
