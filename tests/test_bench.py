@@ -690,6 +690,27 @@ def test_spmm_dgl_path_runs_the_epoch_suites_dgl_path():
     assert _rel_err(B.dgl_path_adjoint(grad, g, g.src_norm(), g.dst_norm()), B.dgl_path_product(grad, g)) > 1e-2
 
 
+def test_spmm_dgl_path_rows_are_checked_against_dgls_own_product():
+    """On a directed graph DGL's product (source side scaled by out-degrees) is not the suite's GCN
+    product: its rows are checked against DGL's own float64 reference, which they pass, forward
+    and backward, and which a wrong product fails."""
+    from fgplugin.bench.spmm import GraphRun, check_product, sample_reference
+
+    gen = torch.Generator().manual_seed(8)
+    n = 150
+    ei = torch.unique(torch.randint(0, n, (2, 900), generator=gen), dim=1)
+    run = GraphRun("g", "original", ei, n)
+    x = torch.randn(n, 12, generator=gen)
+    rows = torch.arange(n)
+    gcn = sample_reference(run.adj.rowptr, run.adj.col, x, run.r, run.c, run.d, rows)
+    for which in ("spmm_fwd", "spmm_bwd"):
+        ref = run.dgl_path_reference(which, x, rows)
+        out = run.baseline_product("dgl-path", which, torch.float32)(x)
+        assert check_product(out, ref, rows, "fp32") == (pytest.approx(0, abs=1e-6), None)
+        assert check_product(out, gcn, rows, "fp32")[1] is not None  # the GCN product is another one
+        assert check_product(out * (1 + 1e-4), ref, rows, "fp32")[1] is not None
+
+
 def test_spmm_check_fails_a_product_over_its_limit_or_with_nan():
     """A row whose product is off by more than its precision's limit, or holds a NaN anywhere (an
     element it never wrote reads NaN on poisoned memory), fails: rel_err kept, the error names

@@ -25,7 +25,8 @@ as fgplugin's op runs it, on
   ``dgl-path`` (DGL's GPU path as the epoch suite rebuilds it, ``baselines.dgl_path_product``:
   ``D^-1/2`` as elementwise ops before and after an uncached cuSPARSE SpMM of ``A + I`` with
   all-ones values; backward on the transposed CSR, built once; DGL normalizes the source side by
-  out-degrees, so on a directed graph it is another product and fails its check);
+  out-degrees, so on a directed graph it is another product, checked against its own float64
+  reference, ``GraphRun.dgl_path_reference``);
 - ``F`` = 128 on every graph, plus the ``--F`` sweep on ``--sweep-graph`` in ``--sweep-order``;
   precisions ``fp32`` (TF32 off), ``tf32`` (F = 128 only) and ``bf16``; below F = 128 or in
   16-bit only ``fgplugin``, ``fgplugin-nodense`` and the baselines run (``EVERY_WIDTH``), and the
@@ -285,6 +286,18 @@ class GraphRun:
             self._dgl_path = DGLPathGraph(edge_index, self.n)
         return self._dgl_path
 
+    def dgl_path_reference(self, which: str, x, rows):
+        """float64 ``rows`` of DGL's own product (:meth:`dgl_path`), which the ``dgl-path`` rows are
+        checked against: ``D_in^-1/2 (A + I) D_out^-1/2 x`` (``spmm_fwd``) or its transpose
+        (``spmm_bwd``). DGL scales the source side by out-degrees where the suite's product (PyG's
+        ``gcn_norm``) uses in-degrees on both sides, so on a directed graph the two differ."""
+        g = self.dgl_path()
+        src, dst = 1 / g.out_deg.clamp(min=1).double().sqrt(), 1 / g.in_deg.clamp(min=1).double().sqrt()
+        if which == "spmm_fwd":
+            return sample_reference(g.rowptr, g.col, x, dst, src, None, rows)
+        t = g.transposed(torch.float32)
+        return sample_reference(t.crow_indices(), t.col_indices(), x, src, dst, None, rows)
+
     def _csr(self, rowptr, col, r, c):
         from fgplugin._csr import rows_of_edges
 
@@ -376,6 +389,8 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
                 rp, cl = (adj.rowptr, adj.col) if which == "spmm_fwd" else (run.t_rowptr, run.t_col)
                 r, c = (run.r, run.c) if which == "spmm_fwd" else (run.c, run.r)
                 refs[which] = sample_reference(rp, cl, xs[0], r, c, run.d, sample_rows)
+                if "dgl-path" in impls:
+                    refs["dgl-path", which] = run.dgl_path_reference(which, xs[0], sample_rows)
             for impl in impls:
                 if (prec != "fp32" or F != 128) and impl not in EVERY_WIDTH:
                     continue
@@ -405,7 +420,8 @@ def bench_graph(run: GraphRun, args, rows_out, threshold_rows, copy_tbps, fs, im
                                 fn = lambda x, p=tp: spmm_op(run.t_rowptr, run.t_col, x, run.c, run.r,  # noqa: E731
                                                              run.d, p)
                         # checked first: a wrong product's time is no result
-                        if checked(row, fn, xs[0], refs[which], sample_rows):
+                        ref = refs["dgl-path", which] if impl == "dgl-path" else refs[which]
+                        if checked(row, fn, xs[0], ref, sample_rows):
                             med, lo, hi, peak = time_fn(fn, xs, args.reps)
                             row.update(ms_median=round(med, 4), ms_min=round(lo, 4), ms_max=round(hi, 4),
                                        peak_mem_bytes=int(peak), x_floor=round(med / floor_ms, 2))
