@@ -639,10 +639,25 @@ def test_the_suites_warm_up_probes_its_tiny_graph_as_a_large_one(monkeypatch):
     from fgplugin.bench import epoch
 
     seen = []
-    monkeypatch.setattr(epoch, "_build_each_model_once", lambda *args: seen.append(autotune.PROBE_MIN_NNZ))
+    monkeypatch.setattr(epoch, "_train_each_model_once", lambda *args: seen.append(autotune.PROBE_MIN_NNZ))
     floor = autotune.PROBE_MIN_NNZ
     epoch._warm_up_models(torch.device("cpu"), ("fgplugin",), ("gcn",))
     assert seen == [0] and autotune.PROBE_MIN_NNZ == floor > 0
+
+
+def test_the_suites_warm_up_trains_each_impls_model(monkeypatch):
+    """The warm-up runs training steps of every impl's model on the tiny graph (a process's first
+    step of a layer's code loads its kernels and allocator blocks, which no graph's preprocessing
+    should count), not only builds them."""
+    from fgplugin.bench import epoch
+
+    stepped = []
+    real_train_step = epoch.train_step
+    monkeypatch.setattr(epoch, "train_step", lambda model, *a, **k: (stepped.append(type(model.conv1).__module__),
+                                                                     real_train_step(model, *a, **k)))
+    epoch._warm_up_models(torch.device("cpu"), ("fgplugin", "cusparse-cached"), ("gcn",))
+    assert sorted(set(stepped)) == sorted({"fgplugin.bench.baselines", type(fgplugin.pyg.GCNConv(4, 4)).__module__})
+    assert len(stepped) >= 4, stepped
 
 
 # ---------------------------------------------------------------- spmm suite: dgl-path, checked products
