@@ -610,6 +610,7 @@ def test_a_failed_impl_frees_its_model_before_the_others_run(monkeypatch):
 
     built, alive_while_timing = [], []
     real_step, real_timed = epoch.warmed_up_step, epoch.timed
+    monkeypatch.setattr(epoch, "_warm_up_models", lambda *args: None)  # its steps would take the failure
 
     def failing_first(model, *args, **kwargs):
         built.append(weakref.ref(model))
@@ -875,21 +876,68 @@ def test_the_first_steps_lazy_work_counts_as_preprocessing(monkeypatch):
     assert "first_step_ms" not in pre and "first_use_ms" not in pre
 
 
-def test_first_step_clock_ends_with_the_optimizer_step_or_the_next_forward():
-    """The clock's hooks time one step and remove themselves: at the optimizer's step, or, where the
-    step had none (fp16's GradScaler skipping it), where the next forward starts."""
-    from fgplugin.bench.epoch import FirstStepClock
+def test_warm_up_clock_ends_with_the_optimizer_step_or_the_next_forward():
+    """The clock's hooks time the steps asked for and remove themselves: at the optimizer's step,
+    or, where the step had none (fp16's GradScaler skipping it), where the next forward starts."""
+    from fgplugin.bench.epoch import WarmUpClock
 
     model = torch.nn.Linear(4, 2)
     x = torch.randn(3, 4)
     for skipped in (False, True):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        clock = FirstStepClock(torch.device("cpu"))
+        clock = WarmUpClock(torch.device("cpu"))
         clock.watch(model, optimizer)
         model(x).sum().backward()
-        assert clock.seconds is None
+        assert clock.seconds == []
         if not skipped:
             optimizer.step()
         model(x)  # the next step
-        assert clock.seconds > 0 and clock.rows_s == 0.0
+        assert len(clock.seconds) == 1 and clock.seconds[0] > 0 and clock.rows_s == [0.0]
         assert not model._forward_pre_hooks and not optimizer._optimizer_step_post_hooks
+
+
+def test_warm_up_clock_times_a_captured_steps_warm_up_and_never_runs_in_a_capture(monkeypatch):
+    """For a captured step the clock times every warm-up step (the last is the eager step the
+    first one is told apart from) and is gone before the capture; a hook that still finds itself
+    inside a capture removes itself without syncing or recording."""
+    from fgplugin.bench import epoch
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+    clock = epoch.WarmUpClock(torch.device("cpu"))
+    clock.watch(model, optimizer, steps=3)
+    for _ in range(4):
+        model(x).sum().backward()
+        optimizer.step()
+    assert len(clock.seconds) == 3 and not model._forward_pre_hooks and not optimizer._optimizer_step_post_hooks
+
+    clock = epoch.WarmUpClock(torch.device("cpu"))
+    clock.watch(model, optimizer, steps=3)
+    model(x).sum().backward()
+    optimizer.step()
+    synced = []
+    monkeypatch.setattr(clock, "_sync", lambda: synced.append(1))
+    monkeypatch.setattr(epoch, "_capturing", lambda: True)
+    model(x).sum().backward()
+    optimizer.step()
+    assert len(clock.seconds) == 1 and not synced and not model._forward_pre_hooks
+
+
+def test_a_captured_rows_first_use_is_told_from_an_eager_warm_up_step():
+    """A captured row's median step is a replay: its first step's one-time work is the first
+    warm-up step less the last one (eager), not less the median; off CUDA the captured impl runs
+    its warm-up eagerly through graphed_step, which the clock times."""
+    from fgplugin.bench import epoch
+
+    problem = epoch.load("tiny", "cpu")
+    run = epoch.ImplRun(problem, "cusparse-cached-graphed", 8, warmup=3)
+    clock = run.warm_up_clock
+    assert len(clock.seconds) == 3
+    clock.seconds, clock.rows_s = [0.050, 0.004, 0.003], [0.0, 0.0, 0.0]
+    assert run.first_use_s(median_ms=0.1) == pytest.approx(0.047)
+    clock.seconds, clock.rows_s = [0.050], [0.0]
+    assert run.first_use_s(median_ms=0.1) is None
+    eager = epoch.ImplRun(problem, "cusparse-cached", 8, warmup=3)
+    eager.warm_up_clock.seconds, eager.warm_up_clock.rows_s = [0.050], [0.0]
+    assert eager.first_use_s(median_ms=3.0) == pytest.approx(0.047)

@@ -27,8 +27,9 @@ One-time costs on the preprocess row, each counted in its ``ms_median``: ``first
 an impl builds on first use (stock PyG ``GCNConv(cached=True)``'s ``gcn_norm``, dgl-path's
 transposed CSR, the baselines' 16-bit value copies under autocast): the first training step
 (``first_step_ms``: forward to the end of the optimizer step, synced, the first warm-up step; not
-recorded with ``warmup=0``) less the median step and less the zero-row restrictions it built
-(counted in ``grad_rows_ms``); where a layer keeps its constant input's aggregation
+recorded with ``warmup=0``) less the median step (a captured row's median is a replay: less its
+last warm-up step, an eager one) and less the zero-row restrictions it built (counted in
+``grad_rows_ms``); where a layer keeps its constant input's aggregation
 (fgplugin.input_cache), the cost of building it (``input_cache_ms``: the step that builds it, less
 a step that reuses it); where the last layer's backward product skips the zero rows of its
 gradient (fgplugin.grad_rows), the time spent building that product's restricted structure in
@@ -224,35 +225,49 @@ def train_step(model, graph, problem: Problem, optimizer, precision: str = "fp32
         scaler.update()
 
 
-class FirstStepClock:
-    """Times a model's first training step: from the start of its first forward call to the end of
-    its optimizer's first step, the device synced at both ends (``seconds``; ``rows_s``: the
-    zero-row restrictions built meanwhile, fgplugin.grad_rows). Hooks on the model and the
-    optimizer (:meth:`watch`) see the step wherever it runs, in fgplugin.graphed_step's warm-up
-    too, and remove themselves after it (a captured step must not sync). A first step whose
-    optimizer step was skipped (fp16's GradScaler after an overflow) ends where the next forward
-    starts; one that never ran leaves ``seconds`` ``None``."""
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class WarmUpClock:
+    """Times a model's first training steps (``seconds``, one per step): each from the start of
+    its forward call to the end of its optimizer step, the device synced at both ends (``rows_s``:
+    the zero-row restrictions built meanwhile, fgplugin.grad_rows). Hooks on the model and the
+    optimizer (:meth:`watch`) see the steps wherever they run, in fgplugin.graphed_step's warm-up
+    too, and remove themselves after the steps asked for, or at once inside a CUDA graph capture
+    (which must not sync). A step whose optimizer step was skipped (fp16's GradScaler after an
+    overflow) ends where the next forward starts."""
 
     def __init__(self, device: torch.device):
-        self._sync, self._hooks, self._start, self._rows_before = _sync(device), [], None, 0.0
-        self.seconds = self.rows_s = None
+        self._sync, self._hooks, self._start, self._rows_before, self._left = _sync(device), [], None, 0.0, 0
+        self.seconds, self.rows_s = [], []
 
-    def watch(self, model, optimizer) -> None:
+    def watch(self, model, optimizer, steps: int = 1) -> None:
+        self._left = steps
         self._hooks = [model.register_forward_pre_hook(self._on_forward),
                        optimizer.register_step_post_hook(self._stop)]
 
     def _on_forward(self, *_):
-        if self._start is not None:  # the first step ended without an optimizer step
-            self._stop()
+        if _capturing():
+            self.close()
             return
+        if self._start is not None:  # the previous step ended without an optimizer step
+            self._stop()
+            if not self._hooks:
+                return
         self._sync()
         self._start, self._rows_before = time.perf_counter(), grad_rows.total_build_s()
 
     def _stop(self, *_):
+        if self._start is None or _capturing():
+            self.close()
+            return
         self._sync()
-        self.seconds = time.perf_counter() - self._start
-        self.rows_s = grad_rows.total_build_s() - self._rows_before
-        self.close()
+        self.seconds.append(time.perf_counter() - self._start)
+        self.rows_s.append(grad_rows.total_build_s() - self._rows_before)
+        self._start, self._left = None, self._left - 1
+        if self._left <= 0:
+            self.close()
 
     def close(self) -> None:
         """Removes the hooks (a step still running when called is not recorded)."""
@@ -262,17 +277,18 @@ class FirstStepClock:
 
 
 def warmed_up_step(model, graph, problem: Problem, warmup: int = 3, precision: str = "fp32", graphed: bool = False,
-                   clock: FirstStepClock | None = None):
+                   clock: WarmUpClock | None = None):
     """The model's training step (Adam, as the suites train), after ``warmup`` untimed steps;
     ``graphed``: the step captured as one CUDA graph by :func:`fgplugin.graphed_step` after the
     warm-up (its loss indexes the training rows, which a captured step needs, instead of masking
-    them); ``clock`` times the first warm-up step."""
+    them); ``clock`` times the first warm-up step, and where the step is captured every warm-up step
+    (eager steps before the capture, against which the first one's one-time work is told apart)."""
     device = problem.x.device
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
     scaler = grad_scaler(device, precision)
     if clock is not None:
-        clock.watch(model, optimizer)
+        clock.watch(model, optimizer, steps=warmup if graphed else 1)
 
     def step():
         train_step(model, graph, problem, optimizer, precision, scaler)
@@ -385,7 +401,7 @@ class ImplRun:
         self.model = self.graph = self.step = None
         self.setup_s = self.rows_s = 0.0  # rows_s: zero-row restrictions built in this impl's steps
         self.capture_s = None  # a captured step's capture
-        self.first_step = FirstStepClock(problem.x.device)
+        self.warm_up_clock = WarmUpClock(problem.x.device)
         # device memory (None off CUDA): held once built and warmed up; largest rise within a round of timed steps
         self.held_bytes = self.rise = None
         device = problem.x.device
@@ -406,8 +422,8 @@ class ImplRun:
                     self._capture(problem, warmup, precision)
                 else:
                     self.step = warmed_up_step(self.model, self.graph, problem, warmup, precision,
-                                               clock=self.first_step)
-                self.first_step.close()  # with warmup=0 the first step is a timed one: no hooks there
+                                               clock=self.warm_up_clock)
+                self.warm_up_clock.close()  # with warmup=0 the first step is a timed one: no hooks there
                 self.held_bytes = self._held_since(before, adj)
             except Exception as err:  # noqa: BLE001 - a failed row keeps its place
                 self.error = _error_text(err)  # leaving the block drops the traceback and the tensors it holds
@@ -420,7 +436,7 @@ class ImplRun:
         a step that could not be captured is this row's error, not an eager row under a captured
         name."""
         self.step = warmed_up_step(self.model, self.graph, problem, warmup, precision, graphed=True,
-                                   clock=self.first_step)
+                                   clock=self.warm_up_clock)
         self.capture_s = self.step.capture_s
         self.common["captured"] = self.step.graph is not None  # off CUDA the step runs eagerly
         if _can_capture(problem.x.device) and self.step.graph is None:
@@ -478,12 +494,19 @@ class ImplRun:
         return self.held_bytes + self.rise
 
     def first_use_s(self, median_ms: float) -> float | None:
-        """What the first step built on first use: its time less the median step's and less the
-        zero-row restrictions built in it (counted in ``grad_rows_ms``); ``None`` where no first
-        step was timed."""
-        if self.first_step.seconds is None:
+        """What the first step built on first use: its time less an eager step's (the median step;
+        for a captured step, whose median is a replay, the last warm-up step) and less the zero-row
+        restrictions built in either (counted in ``grad_rows_ms``); ``None`` where no first step
+        was timed, or no eager step to tell it from."""
+        clock = self.warm_up_clock
+        if not clock.seconds:
             return None
-        return max(self.first_step.seconds - self.first_step.rows_s - median_ms / 1e3, 0.0)
+        first = clock.seconds[0] - clock.rows_s[0]
+        if not captured(self.impl):
+            return max(first - median_ms / 1e3, 0.0)
+        if len(clock.seconds) < 2:
+            return None
+        return max(first - (clock.seconds[-1] - clock.rows_s[-1]), 0.0)
 
     def _release(self) -> None:
         """Frees the model, graph and step (a failed impl's at once: the other impls of the graph
@@ -518,8 +541,10 @@ class ImplRun:
             once["grad_rows_ms"] = 1e3 * self.rows_s
         if self.capture_s is not None:
             once["capture_ms"] = 1e3 * self.capture_s
+        if self.warm_up_clock.seconds:
+            once["first_step_ms"] = 1e3 * self.warm_up_clock.seconds[0]
         if first_use_s is not None:
-            once.update(first_step_ms=1e3 * self.first_step.seconds, first_use_ms=1e3 * first_use_s)
+            once["first_use_ms"] = 1e3 * first_use_s
         return [
             {**common, "op": "epoch", "ms_median": median, "ms_min": min(times), "ms_max": max(times),
              "reps": len(times), "warmup": self.warmup, "peak_mem_bytes": self.peak_mem_bytes(),
@@ -590,7 +615,7 @@ def run_epoch_suite(graphs, impls=IMPLS, orders=("original", "community"), epoch
     variants = [(m, p) for m in models for p in precisions]
     bar = progress(len(graphs) * len(orders) * len(impls) * len(variants)) if progress else None
     _warm_up_kernels(device)
-    _warm_up_models(device, impls, models, orders)
+    _warm_up_models(device, impls, models, orders, precisions)
     for name, base in _loaded(graphs, device, seed, orders, impls, variants, {"op": "epoch", "ms_median": None},
                               rows, bar):
         h = hidden or HIDDEN.get(name, 64)
@@ -663,9 +688,9 @@ def _warm_up_kernels(device: torch.device) -> None:
     _free(device)
 
 
-def _warm_up_models(device: torch.device, impls, models, orders=("original",)) -> None:
+def _warm_up_models(device: torch.device, impls, models, orders=("original",), precisions=("fp32",)) -> None:
     """Reorders a tiny graph in each of ``orders``, builds each impl's model on it and trains it
-    for a few steps (captured where the impl's steps are), untimed: a process pays once for the
+    for a few steps in each of ``precisions`` (captured where the impl's steps are), untimed: a process pays once for the
     first layer of a class it builds (PyG generates code for the class: 22-28 ms for a GCNConv,
     stock or fgplugin's, on the 2-core CPU), for the first reordering and threshold probe (CUDA
     loads their kernels on first launch: the first graph's community order took 68 ms of
@@ -678,12 +703,12 @@ def _warm_up_models(device: torch.device, impls, models, orders=("original",)) -
     are left to the impl's own rows."""
     floor, autotune.PROBE_MIN_NNZ = autotune.PROBE_MIN_NNZ, 0
     try:
-        _train_each_model_once(device, impls, models, orders)
+        _train_each_model_once(device, impls, models, orders, precisions)
     finally:
         autotune.PROBE_MIN_NNZ = floor
 
 
-def _train_each_model_once(device: torch.device, impls, models, orders) -> None:
+def _train_each_model_once(device: torch.device, impls, models, orders, precisions) -> None:
     base = load("tiny", device)
     for order in orders:
         try:
@@ -693,16 +718,18 @@ def _train_each_model_once(device: torch.device, impls, models, orders) -> None:
         for impl in impls:
             if impl == "fgplugin-sharded":  # makes a process group; its layers are fgplugin's PyG ones
                 continue
-            for model in models:
+            for model, precision in [(m, p) for m in models for p in precisions]:
                 weights = baselines.reference_weights(problem.num_features, 16, problem.num_classes, 0, device,
                                                       root=model == "sage")
                 try:
                     net, graph, _ = baselines.build(impl, weights, problem.edge_index, problem.num_nodes, model=model,
                                                     adj=problem.adj if impl in FGPLUGIN_PYG else None)
                     graphed = captured(impl) and _can_capture(device)
-                    warmed_up_step(net, graph, problem, warmup=2, graphed=graphed)()
+                    warmed_up_step(net, graph, problem, warmup=2, precision=precision, graphed=graphed)()
                 except Exception:  # noqa: BLE001 - the impl's rows report it
                     pass
+                net = graph = None  # freed before the next model is built, and before _free
+    base = problem = None
     _free(device)
 
 
