@@ -696,8 +696,8 @@ def _warm_up_models(device: torch.device, impls, models, orders=("original",), p
     loads their kernels on first launch: the first graph's community order took 68 ms of
     reordering and plans on an H100, the others 21-33) and for the first training step and capture
     of each impl's code (kernels loaded, the caching allocator's first blocks: with models only
-    built here, stock PyG's first step on the first graph read 162 ms beyond its median step, 3-5 ms
-    on the others, and each captured impl held about 130 MB more on the first graph), which belongs
+    built here, stock PyG's first step on the first graph read 162 ms beyond its median step,
+    2.8-6.6 ms on the others, and each captured impl held about 130 MB more on the first graph), which belongs
     to no graph's preprocessing. The tiny graph is probed as a graph above the probe's floor of
     non-zeros would be (``autotune.PROBE_MIN_NNZ``), so that its kernels are loaded here. Failures
     are left to the impl's own rows."""
