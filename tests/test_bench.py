@@ -924,6 +924,20 @@ def test_warm_up_clock_times_a_captured_steps_warm_up_and_never_runs_in_a_captur
     assert len(clock.seconds) == 1 and not synced and not model._forward_pre_hooks
 
 
+def test_warm_up_clock_ends_a_last_step_without_an_optimizer_step_when_closed():
+    """fp16's GradScaler may skip the only warm-up step's optimizer step: closing the clock after
+    the warm-up ends that step there, so it is recorded."""
+    from fgplugin.bench.epoch import WarmUpClock
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    clock = WarmUpClock(torch.device("cpu"))
+    clock.watch(model, optimizer)
+    model(torch.randn(3, 4)).sum().backward()  # no optimizer step
+    clock.close()
+    assert len(clock.seconds) == 1 and clock.seconds[0] > 0 and not model._forward_pre_hooks
+
+
 def test_a_captured_rows_first_use_is_told_from_an_eager_warm_up_step():
     """A captured row's median step is a replay: its first step's one-time work is the first
     warm-up step less the last one (eager), not less the median; off CUDA the captured impl runs
@@ -936,8 +950,9 @@ def test_a_captured_rows_first_use_is_told_from_an_eager_warm_up_step():
     assert len(clock.seconds) == 3
     clock.seconds, clock.rows_s = [0.050, 0.004, 0.003], [0.0, 0.0, 0.0]
     assert run.first_use_s(median_ms=0.1) == pytest.approx(0.047)
-    clock.seconds, clock.rows_s = [0.050], [0.0]
-    assert run.first_use_s(median_ms=0.1) is None
+    for timed_steps in ([0.050], [0.050, 0.004]):  # warmup 1 or 2: the second step builds the kept input
+        clock.seconds, clock.rows_s = timed_steps, [0.0] * len(timed_steps)
+        assert run.first_use_s(median_ms=0.1) is None
     eager = epoch.ImplRun(problem, "cusparse-cached", 8, warmup=3)
     eager.warm_up_clock.seconds, eager.warm_up_clock.rows_s = [0.050], [0.0]
     assert eager.first_use_s(median_ms=3.0) == pytest.approx(0.047)

@@ -28,7 +28,7 @@ an impl builds on first use (stock PyG ``GCNConv(cached=True)``'s ``gcn_norm``, 
 transposed CSR, the baselines' 16-bit value copies under autocast): the first training step
 (``first_step_ms``: forward to the end of the optimizer step, synced, the first warm-up step; not
 recorded with ``warmup=0``) less the median step (a captured row's median is a replay: less its
-last warm-up step, an eager one) and less the zero-row restrictions it built (counted in
+last warm-up step, an eager one; not recorded there with ``warmup`` under 3) and less the zero-row restrictions it built (counted in
 ``grad_rows_ms``); where a layer keeps its constant input's aggregation
 (fgplugin.input_cache), the cost of building it (``input_cache_ms``: the step that builds it, less
 a step that reuses it); where the last layer's backward product skips the zero rows of its
@@ -262,15 +262,21 @@ class WarmUpClock:
         if self._start is None or _capturing():
             self.close()
             return
+        self._record()
+        if self._left <= 0:
+            self.close()
+
+    def _record(self) -> None:
         self._sync()
         self.seconds.append(time.perf_counter() - self._start)
         self.rows_s.append(grad_rows.total_build_s() - self._rows_before)
         self._start, self._left = None, self._left - 1
-        if self._left <= 0:
-            self.close()
 
     def close(self) -> None:
-        """Removes the hooks (a step still running when called is not recorded)."""
+        """Removes the hooks; a step begun and not ended by an optimizer step (fp16's GradScaler
+        skipping the last warm-up step's) ends here, unless inside a capture."""
+        if self._start is not None and not _capturing():
+            self._record()
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
@@ -497,14 +503,15 @@ class ImplRun:
         """What the first step built on first use: its time less an eager step's (the median step;
         for a captured step, whose median is a replay, the last warm-up step) and less the zero-row
         restrictions built in either (counted in ``grad_rows_ms``); ``None`` where no first step
-        was timed, or no eager step to tell it from."""
+        was timed, or no plain eager step to tell it from (a captured step warmed up for fewer than
+        3 steps: the second builds the input cache's kept aggregation)."""
         clock = self.warm_up_clock
         if not clock.seconds:
             return None
         first = clock.seconds[0] - clock.rows_s[0]
         if not captured(self.impl):
             return max(first - median_ms / 1e3, 0.0)
-        if len(clock.seconds) < 2:
+        if len(clock.seconds) < 3:  # step 2 builds a kept input aggregation: not yet a plain eager step
             return None
         return max(first - (clock.seconds[-1] - clock.rows_s[-1]), 0.0)
 
@@ -689,18 +696,18 @@ def _warm_up_kernels(device: torch.device) -> None:
 
 
 def _warm_up_models(device: torch.device, impls, models, orders=("original",), precisions=("fp32",)) -> None:
-    """Reorders a tiny graph in each of ``orders``, builds each impl's model on it and trains it
-    for a few steps in each of ``precisions`` (captured where the impl's steps are), untimed: a process pays once for the
-    first layer of a class it builds (PyG generates code for the class: 22-28 ms for a GCNConv,
-    stock or fgplugin's, on the 2-core CPU), for the first reordering and threshold probe (CUDA
-    loads their kernels on first launch: the first graph's community order took 68 ms of
+    """Reorders a tiny graph in each of ``orders``, builds each impl's model on it and trains it for
+    a few steps in each of ``precisions`` (captured where the impl's steps are), untimed: a process
+    pays once for the first layer of a class it builds (PyG generates code for the class: 22-28 ms
+    for a GCNConv, stock or fgplugin's, on the 2-core CPU), for the first reordering and threshold
+    probe (CUDA loads their kernels on first launch: the first graph's community order took 68 ms of
     reordering and plans on an H100, the others 21-33) and for the first training step and capture
     of each impl's code (kernels loaded, the caching allocator's first blocks: with models only
     built here, stock PyG's first step on the first graph read 162 ms beyond its median step,
-    2.8-6.6 ms on the others, and each captured impl held about 130 MB more on the first graph), which belongs
-    to no graph's preprocessing. The tiny graph is probed as a graph above the probe's floor of
-    non-zeros would be (``autotune.PROBE_MIN_NNZ``), so that its kernels are loaded here. Failures
-    are left to the impl's own rows."""
+    2.8-6.6 ms on the others, and each captured impl held about 130 MB more on the first graph),
+    which belongs to no graph's preprocessing. The tiny graph is probed as a graph above the probe's
+    floor of non-zeros would be (``autotune.PROBE_MIN_NNZ``), so that its kernels are loaded here.
+    Failures are left to the impl's own rows."""
     floor, autotune.PROBE_MIN_NNZ = autotune.PROBE_MIN_NNZ, 0
     try:
         _train_each_model_once(device, impls, models, orders, precisions)

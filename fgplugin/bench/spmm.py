@@ -276,7 +276,8 @@ class GraphRun:
     def dgl_path(self):
         """DGL's graph of ``A + I`` (:class:`fgplugin.bench.baselines.DGLPathGraph`: CSR with
         all-ones values and degrees; its transposed CSR built on the first backward product),
-        built once from the adjacency."""
+        built from the adjacency when first asked for and kept until :meth:`drop_dgl_path` (the
+        suite drops it after each group of dgl-path rows)."""
         if self._dgl_path is None:
             from fgplugin._csr import rows_of_edges
 
