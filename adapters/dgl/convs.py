@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from fgplugin import Normalization, TiledAdjacency
-from fgplugin._csr import aux_dtype_for
+from fgplugin._csr import aux_dtype_for, rows_of_edges
 from fgplugin.aggregation import Aggregation, aggregate, is_distributed, linear_parts, transform
 from fgplugin.inference_mode import outside_inference_mode
 
@@ -65,8 +65,7 @@ def edges_by_id(graph) -> tuple[Tensor, Tensor]:
         return graph.edges(order="eid")
     fmt = "csc" if "csc" in allowed else "csr"
     indptr, indices, eids = graph.adj_tensors(fmt)  # CSC: rows are destinations, CSR: sources
-    rows = torch.repeat_interleave(torch.arange(indptr.numel() - 1, dtype=indices.dtype, device=indices.device),
-                                   indptr.diff())
+    rows = rows_of_edges(indptr, indices.numel()).to(indices.dtype)
     by_row = (indices, rows) if fmt == "csc" else (rows, indices)
     src, dst = torch.empty_like(indices), torch.empty_like(indices)
     src[eids.long()], dst[eids.long()] = by_row

@@ -297,7 +297,7 @@ class GraphRun:
         (``spmm_bwd``). DGL scales the source side by out-degrees where the suite's product (PyG's
         ``gcn_norm``) uses in-degrees on both sides, so on a directed graph the two differ."""
         g = self.dgl_path()
-        src, dst = 1 / g.out_deg.clamp(min=1).double().sqrt(), 1 / g.in_deg.clamp(min=1).double().sqrt()
+        src, dst = g.src_norm(torch.float64)[:, 0], g.dst_norm(torch.float64)[:, 0]
         if which == "spmm_fwd":
             return sample_reference(g.rowptr, g.col, x, dst, src, None, rows)
         t = g.transposed(torch.float32)
