@@ -7,9 +7,13 @@ is faster: H100, CUDA-graph replay, GCN normalization, F = 128: actor 24 against
 columns fgplugin's is faster on all 17 graphs measured (1.2-3.6x), at 64 on 15 of them
 (benchmarks/results/h100/kernel_vs_cusparse.json). Gathering 8 rows at a time instead of 4, or
 splitting F over more warps, made fgplugin's kernel slower on those graphs, not faster (same
-file). So for an adjacency with ``threshold="auto"`` the first product at each width from
+file). So for an adjacency with ``threshold="auto"`` the second product at each width from
 ``MIN_WIDTH`` to ``MAX_WIDTH`` columns times both kernels, once, and a width where cuSPARSE is at
-least ``MIN_GAIN`` faster runs there: ``diag(r) (A + diag(d)) diag(c)`` folded into one CSR
+least ``MIN_GAIN`` faster runs there from then on. The first runs fgplugin's kernel untimed: a
+product seen once may never repeat (a constant input's, whose aggregation fgplugin.input_cache
+keeps from its next call on: the first layer's ``A (x W)`` on a training step's first call, and
+the kept ``A x`` itself), and timing both kernels with the fold's build cost more than the rest of
+a first training step's one-time work. The product chosen: ``diag(r) (A + diag(d)) diag(c)`` folded into one CSR
 (values ``r_i w_ij c_j``, the diagonal as entries), kept with the adjacency, with its transpose
 for the backward pass.
 
@@ -71,11 +75,17 @@ class Folded(NamedTuple):
     versions: tuple
 
 
-def runs(adj, x: Tensor, row_scale, col_scale, diag, ours, sources: tuple) -> bool:
+# A width's choice before it is made: its first product ran, on fgplugin's kernel, untimed
+SEEN_ONCE = "seen once"
+
+
+def runs(adj, x: Tensor, row_scale, col_scale, diag, ours, sources: tuple) -> bool | None:
     """Whether ``spmm(adj, x, row_scale, col_scale, diag)`` (checked arguments; ``sources``: the
     scale arguments as the caller passed them) runs on cuSPARSE; ``ours(adj, x, row_scale,
-    col_scale, diag, with_transpose)`` is fgplugin's product, which the first call at a width
-    times against cuSPARSE's."""
+    col_scale, diag, with_transpose)`` is fgplugin's product, which the second call at a width
+    times against cuSPARSE's. ``None`` (falsy: fgplugin's kernel) where the choice is still to be
+    made by the next call at the width: a caller keeping its decisions for repeated calls
+    (fgplugin.repeated_calls, fgplugin.layer_calls) must not keep this one."""
     width = x.shape[1]
     forced = settings.cusparse == "1"
     if not MIN_WIDTH <= width <= MAX_WIDTH and not forced:  # most calls end here, at no cost
@@ -94,8 +104,17 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag, ours, sources: tuple) -> bo
     if forced:
         return True
     if choice is None:
+        adj._shared[key] = SEEN_ONCE
+        return None
+    if choice == SEEN_ONCE:
         choice = adj._shared[key] = _cusparse_is_faster(adj, width, row_scale, col_scale, diag, ours, sources)
     return choice
+
+
+def undecided(adj, width: int) -> bool:
+    """Whether the next product at ``width`` columns (in this context: eager, or a captured step's
+    warm-up) may still choose cuSPARSE: a product at the width ran once, untimed (:func:`runs`)."""
+    return adj._shared.get(("cusparse", width, autotune.in_captured_step())) == SEEN_ONCE
 
 
 def product(adj, x: Tensor, row_scale, col_scale, diag, sources: tuple, restricted_adjoint=None) -> Tensor:

@@ -30,8 +30,9 @@ same key runs it at once. Two decisions are kept, the two a training step makes:
 Everything else takes the full path every time: first calls, calls in any other context (autocast,
 ``torch.compile``, functorch transforms, forward-mode AD, CUDA graph capture, inference mode,
 tensor subclasses, torch function or dispatch modes), edge weights, graph inputs or edge values
-made in inference mode (they have no version), sparse ``x``, aggregating first, and edge values
-or scales that need a gradient. The products below keep their own checks (fgplugin.spmm's on
+made in inference mode (they have no version), sparse ``x``, aggregating first, edge values or
+scales that need a gradient, and a product whose route to cuSPARSE is still to be chosen by its
+next call (fgplugin.cusparse). The products below keep their own checks (fgplugin.spmm's on
 every call), so a kept layer call runs the same ops with the same arguments as the full path:
 same results, bit for bit. A layer holds at most one kept call, with weak references only (to
 its graph input, the layer's objects, the adjacency and the scales), so it keeps nothing alive: a
@@ -46,7 +47,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import _extension
+from . import _extension, cusparse
 from .config import settings
 from .normalization import Normalization
 from .repeated_calls import context_allows, switches
@@ -224,6 +225,8 @@ def keep(owner, graph_input, edge_weight, objects: tuple, values: tuple, x) -> N
     adj = decision.adj()
     if adj is None or (adj.values is not None and adj.values.is_inference()):
         return  # edge values made in inference mode have no version to key on
+    if decision.kind == TRANSFORMED and decision.product is None and cusparse.undecided(adj, decision.width):
+        return  # the product's route (fgplugin.cusparse) is chosen by its next call: decide again then
     owner.__dict__[_KEPT] = KeptLayerCall(graph_input, objects, values, x, decision)
 
 

@@ -484,13 +484,14 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
     checked_bias, checked_width = bias, width
     if bias is not None or width is not None:
         checked_bias, checked_width = checked_epilogue(x, bias, width, "fgplugin.spmm")
-    if settings.cusparse != "0" and cusparse.runs(adj, x, *checked, checked_product, given):
+    on_cusparse = settings.cusparse != "0" and cusparse.runs(adj, x, *checked, checked_product, given)
+    if on_cusparse:
         restricted = _restricted_adjoint(adj, *checked, x.shape[1]) if with_transpose else None
         out = cusparse.product(adj, x, *checked, given, restricted)
         out = out if checked_width is None else _cut(out, checked_width)
         return out if checked_bias is None else out + checked_bias
     args, needs_grad = _product_args(adj, x, *checked, with_transpose, checked_bias, checked_width)
-    if not repeated_calls.context_allows(x):
+    if on_cusparse is None or not repeated_calls.context_allows(x):  # None: the next call chooses the route
         return args.call(needs_grad)
     prepared = prepared_call(args, args.x.shape[1] - x.shape[1], eager_route(args, needs_grad),
                              (row_scale, col_scale, diag, bias))

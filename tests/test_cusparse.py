@@ -1,8 +1,11 @@
 """fgplugin.cusparse: products routed to torch.sparse.mm (cuSPARSE) where a probe finds it faster.
 
 Forced on (``set_cusparse("1")``) the route runs on any device, so its products and gradients are
-checked against the float64 reference on the CPU too; on CUDA the probe's choice (per width, once)
-is obeyed and kept, and a captured step with a routed product replays the eager steps."""
+checked against the float64 reference on the CPU too; on CUDA the probe's choice (per width, once,
+on its second product) is obeyed and kept, and a captured step with a routed product replays the
+eager steps. Where the route's conditions are made to hold off CUDA, the CPU checks when the choice
+is made: never for a product seen once (a constant input's), on the second call of one that
+repeats, with the kept calls of fgplugin.repeated_calls and fgplugin.layer_calls waiting for it."""
 import copy
 import warnings
 
@@ -203,11 +206,11 @@ def test_the_probes_choice_is_obeyed_and_kept_per_width(faster, monkeypatch, rou
     case = clustered_case(8)
     adj = case.adjacency(threshold="auto").to("cuda")
     r, c, d = adj.norm("gcn", dtype=torch.float32)
-    for width in (WIDTH, WIDTH, 128, 16, 300):
+    for width in (WIDTH, WIDTH, WIDTH, 128, 128, 16, 16, 300, 300):
         x = torch.randn(case.shape[1], width, device="cuda")
         out = fgplugin.spmm(adj, x, r, c, d)
         assert rel_error(out, dense_spmm(case.dense(), x, r, c, d)) <= 1e-5
-    assert probes == [WIDTH, 128]  # once per width; 16 and 300 columns are never timed
+    assert probes == [WIDTH, 128]  # once per width, on its second product; 16 and 300 columns never
     assert routed == ([WIDTH, WIDTH, 128] if faster else [])
     fixed = adj.with_tiles(threshold=0.05)  # a fixed threshold asks for fgplugin's kernel
     fgplugin.spmm(fixed, torch.randn(case.shape[1], 128, device="cuda"), r, c, d)
@@ -231,10 +234,12 @@ def test_the_real_probe_decides_once():
     case = random_graph_case(2, n_src=3000, avg_degree=8)
     adj = case.adjacency(threshold="auto").to("cuda")
     x = torch.randn(3000, 128, device="cuda")
-    fgplugin.spmm(adj, x, *adj.norm("gcn", dtype=torch.float32))
+    for _ in range(2):  # the second product at a width times it
+        fgplugin.spmm(adj, x, *adj.norm("gcn", dtype=torch.float32))
     assert isinstance(adj._shared[("cusparse", 128, False)], bool)  # an eager choice
     with autotune.for_captured_step():
-        fgplugin.spmm(adj, x, *adj.norm("gcn", dtype=torch.float32))
+        for _ in range(2):
+            fgplugin.spmm(adj, x, *adj.norm("gcn", dtype=torch.float32))
     assert isinstance(adj._shared[("cusparse", 128, True)], bool)  # a captured step's own
 
 
@@ -275,7 +280,7 @@ def test_a_routed_product_is_captured_and_replays_the_eager_steps(monkeypatch, r
     step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, ei)
     losses = [float(step()) for _ in range(5)]
     assert isinstance(step.graph, torch.cuda.CUDAGraph)
-    assert routed.count(72) == 3 + 1  # the warm-up steps and the capture
+    assert routed.count(72) == 2 + 1  # the warm-up steps from the second (which times it) and the capture
     fgplugin.set_cusparse("0")
     ref_opt = torch.optim.Adam(reference.parameters(), lr=0.01, fused=True)
     expected = []
@@ -312,7 +317,7 @@ def test_two_normalizations_of_one_graph_are_captured(monkeypatch, routed):
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphedStepWarning)
         step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, ei)
-    assert isinstance(step.graph, torch.cuda.CUDAGraph) and routed.count(72) >= 2 * (3 + 1)
+    assert isinstance(step.graph, torch.cuda.CUDAGraph) and routed.count(72) >= 2 * (2 + 1)
     losses = [float(step()) for _ in range(20)]
     assert losses[-1] < losses[0]
 
@@ -338,3 +343,120 @@ def test_forced_route_applies_the_epilogue(device, routed):
     padded = F.pad(upstream.double().cpu(), (0, 3))
     assert rel_error(grad_x, dense_spmm(case.dense().t(), padded, on_cpu(c), on_cpu(r), on_cpu(d))) <= 1e-5
     assert rel_error(grad_b, upstream.double().cpu().sum(0)) <= 1e-5
+
+
+@pytest.fixture
+def route_anywhere(monkeypatch):
+    """The route's conditions but the device's (and the graph's size and threshold) made to hold,
+    so that when the choice is made can be checked on the CPU; the probe's answer set by
+    ``route_anywhere.faster``, its widths listed in ``route_anywhere.probed``."""
+    applies = cusparse._applies
+    monkeypatch.setattr(cusparse, "_applies", lambda *args: applies(*args[:-1], True))
+
+    class Probe:
+        faster, probed = True, []
+
+        def __call__(self, adj, width, *rest):
+            self.probed.append(width)
+            return self.faster
+
+    probe = Probe()
+    probe.probed = []
+    monkeypatch.setattr(cusparse, "_cusparse_is_faster", probe)
+    return probe
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_a_width_is_timed_on_its_second_product_and_kept_from_then_on(faster, route_anywhere, routed):
+    """The first product at a width runs fgplugin's kernel untimed and is not kept for repeated
+    calls (which would never ask again); the second times it; the choice holds from then on."""
+    route_anywhere.faster = faster
+    case = clustered_case(3)
+    adj = case.adjacency(threshold="auto")
+    r, c, d = adj.norm("gcn", dtype=torch.float32)
+    x = torch.randn(case.shape[1], WIDTH, requires_grad=True)
+    kept_after = []
+    for _ in range(4):
+        out = fgplugin.spmm(adj, x, r, c, d)
+        assert rel_error(out, dense_spmm(case.dense(), x.detach(), r, c, d)) <= 1e-5
+        g = torch.randn_like(out)
+        (grad,) = torch.autograd.grad(out, x, g)
+        assert rel_error(grad, dense_spmm(case.dense().t(), g, c, r, d)) <= 1e-5
+        kept_after.append(len(getattr(adj, "_calls", ())))
+    assert route_anywhere.probed == [WIDTH]
+    assert routed == ([WIDTH] * 3 if faster else [])
+    assert kept_after == ([0] * 4 if faster else [0, 1, 1, 1])  # a routed product is never a kept call
+
+
+def _gcn(features: int, hidden: int, layers: int, input_dropout: bool):
+    import fgplugin.pyg as fg
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            widths = [features] + [hidden] * (layers - 1) + [4]
+            self.convs = torch.nn.ModuleList(fg.GCNConv(a, b, cached=True) for a, b in zip(widths, widths[1:]))
+
+        def forward(self, x, edge_index):
+            if input_dropout:
+                x = F.dropout(x, 0.5, self.training)
+            for conv in self.convs[:-1]:
+                x = conv(x, edge_index).relu()
+            return self.convs[-1](x, edge_index)
+
+    return Net()
+
+
+def _losses(model, x, y, idx, ei, steps: int, seed: int = 0) -> list[float]:
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x, ei)[idx], y[idx])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("layers, input_dropout, probed, routed_steps", [
+    (2, False, [], 0),  # the first layer's A (x W) and its kept A x are products seen once
+    (2, True, [WIDTH], 4),  # a dropped input changes every step: its product repeats, from step 2 routed
+    (3, False, [WIDTH], 5),  # the hidden layer's product is the second at WIDTH on step 1 already
+])
+def test_a_model_times_only_the_products_it_repeats(layers, input_dropout, probed, routed_steps, route_anywhere,
+                                                    routed):
+    """A GCN on a constant input never times the route for its first layer (whose products at
+    WIDTH and at the input's 96 columns each run once before the input cache keeps A x); the
+    second product at a width (per adjacency) times it and the width is routed from then on,
+    through the layers' kept calls too; the losses are those of fgplugin's kernels throughout."""
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(300, 96, generator=g), torch.randint(0, 4, (300,), generator=g)
+    idx, ei = torch.arange(0, 300, 3), clustered_case(4, n_src=300).edge_index
+    model = _gcn(96, WIDTH, layers, input_dropout)
+    reference = copy.deepcopy(model)
+    losses = _losses(model, x, y, idx, ei, steps=5)
+    assert route_anywhere.probed == probed
+    assert routed == [WIDTH] * routed_steps
+    fgplugin.set_cusparse("0")
+    assert losses == pytest.approx(_losses(reference, x, y, idx, ei, steps=5), rel=1e-5)
+
+
+def test_a_hidden_layer_keeps_its_product_call_once_the_route_is_chosen(route_anywhere):
+    """A hidden layer's first call is not kept while its product's route is undecided; its second
+    call decides the route (fgplugin's kernel here) and keeps the product's call with the layer's,
+    so later calls run it in one step from C++."""
+    route_anywhere.faster = False
+    import fgplugin.pyg as fg
+
+    conv = fg.GCNConv(96, WIDTH, cached=True)  # more inputs than outputs: A (x W) + b
+    ei = clustered_case(6, n_src=200).edge_index
+    kept = []
+    for _ in range(3):
+        x = torch.randn(200, 96, requires_grad=True)
+        conv(x, ei).sum().backward()
+        call = conv.__dict__.get("_fgplugin_layer_call")
+        kept.append(None if call is None else call.decision.product is not None)
+    assert route_anywhere.probed == [WIDTH]
+    assert kept == [None, fgplugin.extension_status().loaded, fgplugin.extension_status().loaded]
