@@ -37,6 +37,7 @@ layers' ``torch.compile`` path has one of its own (``fgplugin.pyg``), and
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import NamedTuple
 
@@ -44,7 +45,7 @@ import torch
 from torch import Tensor
 from torch.overrides import has_torch_function
 
-from . import input_cache, layer_calls, ops, sparse_input
+from . import cusparse, input_cache, layer_calls, ops, sparse_input
 from .normalization import Normalization
 from .ops import padded_width
 from .repeated_calls import need_grads
@@ -232,9 +233,13 @@ def _transformed_product(graph: Aggregation, x: Tensor, weight: Tensor, bias: Te
     bias added and the padding cut in the last product's output pass. For a layer (``owner``)
     deciding its call (fgplugin.layer_calls), the product's kept call is noted with the decision."""
     h = _padded_product(x, weight, width)
+    deciding = hops == 1 and layer_calls.asked(owner)
+    route_before = cusparse.choice_at(graph.adj, width) if deciding else None
     out = graph(_propagate(graph, h, hops - 1), bias, weight.shape[1])
-    if owner is not None and hops == 1:
-        layer_calls.decided_product(owner, graph.adj, h, graph.norm, bias, weight.shape[1])
+    if deciding:
+        # this product was the first at its width: the next one chooses its route (fgplugin.cusparse)
+        left_open = route_before is None and cusparse.choice_at(graph.adj, width) == cusparse.SEEN_ONCE
+        layer_calls.decided_product(owner, graph.adj, h, graph.norm, bias, weight.shape[1], left_open)
     return out
 
 
@@ -329,3 +334,16 @@ class _CutColumns(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.reshape(-1, grad.shape[-1]).sum(dim=0)
         return grad_z, None, grad_bias
+
+
+@contextlib.contextmanager
+def cached_propagation(cached: bool, device_type: str):
+    """The context of an SGConv propagation that ``cached=True`` keeps, for an uncached layer none:
+    outside autocast (what is cached stays in the input's precision, as stock's: later calls may
+    run without autocast), and computed once (fgplugin.cusparse.computed_once: its products do not
+    time the cuSPARSE route)."""
+    if not cached:
+        yield
+        return
+    with torch.autocast(device_type, enabled=False), cusparse.computed_once():
+        yield

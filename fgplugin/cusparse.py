@@ -9,11 +9,15 @@ columns fgplugin's is faster on all 17 graphs measured (1.2-3.6x), at 64 on 15 o
 splitting F over more warps, made fgplugin's kernel slower on those graphs, not faster (same
 file). So for an adjacency with ``threshold="auto"`` the second product at each width from
 ``MIN_WIDTH`` to ``MAX_WIDTH`` columns times both kernels, once, and a width where cuSPARSE is at
-least ``MIN_GAIN`` faster runs there from then on. The first runs fgplugin's kernel untimed: a
-product seen once may never repeat (a constant input's, whose aggregation fgplugin.input_cache
-keeps from its next call on: the first layer's ``A (x W)`` on a training step's first call, and
-the kept ``A x`` itself), and timing both kernels with the fold's build cost more than the rest of
-a first training step's one-time work. The product chosen: ``diag(r) (A + diag(d)) diag(c)`` folded into one CSR
+least ``MIN_GAIN`` faster runs there from then on. Counted per adjacency and width, so the
+second may be another product at the width (a hidden layer's after the first layer's). The first
+runs fgplugin's kernel untimed: a product seen once may never repeat (a constant input's first
+layer call, ``A (x W)`` or ``A x``, which fgplugin.input_cache replaces by its kept aggregation
+from the next call on), and timing both kernels with the fold's build cost more than the rest of
+a first training step's one-time work (H100: 4-7 ms per graph, about 55 ms on a process's first;
+docs/results.md section 36). Products whose result the caller keeps (the input cache's build,
+SGConv's cached propagation: :func:`computed_once`) are neither timed nor counted. The product
+chosen: ``diag(r) (A + diag(d)) diag(c)`` folded into one CSR
 (values ``r_i w_ij c_j``, the diagonal as entries), kept with the adjacency, with its transpose
 for the backward pass.
 
@@ -38,6 +42,8 @@ else the larger of host and device time. ``FGPLUGIN_CUSPARSE`` / :func:`fgplugin
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
 from typing import NamedTuple
 
@@ -103,18 +109,36 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag, ours, sources: tuple) -> bo
         return (forced or choice is True) and _kept_fold(adj, sources) is not None
     if forced:
         return True
-    if choice is None:
-        adj._shared[key] = SEEN_ONCE
-        return None
-    if choice == SEEN_ONCE:
+    if choice is None or choice == SEEN_ONCE:
+        if _computed_once.get():
+            return None  # neither timed nor counted: the caller keeps this product's result
+        if choice is None:
+            adj._shared[key] = SEEN_ONCE
+            return None
         choice = adj._shared[key] = _cusparse_is_faster(adj, width, row_scale, col_scale, diag, ours, sources)
     return choice
 
 
-def undecided(adj, width: int) -> bool:
-    """Whether the next product at ``width`` columns (in this context: eager, or a captured step's
-    warm-up) may still choose cuSPARSE: a product at the width ran once, untimed (:func:`runs`)."""
-    return adj._shared.get(("cusparse", width, autotune.in_captured_step())) == SEEN_ONCE
+def choice_at(adj, width: int):
+    """The route's record for ``width`` columns on ``adj`` in this context (eager, or a captured
+    step's warm-up): ``None`` (no product yet), ``SEEN_ONCE``, or whether cuSPARSE runs it."""
+    return adj._shared.get(("cusparse", width, autotune.in_captured_step()))
+
+
+_computed_once = contextvars.ContextVar("fgplugin_computed_once", default=False)
+
+
+@contextlib.contextmanager
+def computed_once():
+    """Products made inside, at a width whose route is not chosen yet, run fgplugin's kernel and
+    neither time the route nor count towards it: for a result its caller keeps, which is never
+    made again (the input cache's kept aggregation, SGConv's ``cached=True`` propagation). Their
+    hops at one width would otherwise time the route for products that do not repeat."""
+    token = _computed_once.set(True)
+    try:
+        yield
+    finally:
+        _computed_once.reset(token)
 
 
 def product(adj, x: Tensor, row_scale, col_scale, diag, sources: tuple, restricted_adjoint=None) -> Tensor:

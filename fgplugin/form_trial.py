@@ -36,7 +36,7 @@ from .config import settings
 
 BLOCK = 2  # steps in a row on one form, the last of them timed: its predecessor used the same form
 WARM_UP_BLOCKS = 2  # one per form, untimed: a form's first steps load kernels and make the products'
-# own first-call choices (cuSPARSE or fgplugin's kernel, the zero-row skipping)
+# own first choices (cuSPARSE or fgplugin's kernel, the zero-row skipping)
 LEAD = 4  # the trial ends when one form has won this many more pairs than the other
 MAX_PAIRS = 12  # else after this many pairs, by the median difference
 MAX_STEPS = BLOCK * (WARM_UP_BLOCKS + 2 * MAX_PAIRS)

@@ -37,9 +37,9 @@ What capture needs, and what this does about it:
   (a kernel that reads its flag on the device), so it stays right, only slower. The kept input
   aggregation (fgplugin.input_cache) is filled in the warm-up (from its second step: with
   ``warmup=1`` the graph computes it every replay) and read by the graph, its form (dense, or a
-  mostly-zero input kept sparse: fgplugin.sparse_input) chosen by device time alone. So is a
-  repeated product's route to cuSPARSE (fgplugin.cusparse), on its second call: with
-  ``warmup=1`` the graph runs fgplugin's kernels.
+  mostly-zero input kept sparse: fgplugin.sparse_input) chosen by device time alone. So is the
+  route to cuSPARSE (fgplugin.cusparse), by the second product at a width: a width seen once in
+  the warm-up runs fgplugin's kernels in the graph.
 - **Optimizers**: those with a ``capturable`` option (Adam, AdamW, ...) are switched to it, which
   keeps their step counts on the GPU. Adam and AdamW left at torch's default implementation
   (neither ``foreach`` nor ``fused`` given) are switched to their fused one: the same update in

@@ -31,8 +31,8 @@ Everything else takes the full path every time: first calls, calls in any other 
 ``torch.compile``, functorch transforms, forward-mode AD, CUDA graph capture, inference mode,
 tensor subclasses, torch function or dispatch modes), edge weights, graph inputs or edge values
 made in inference mode (they have no version), sparse ``x``, aggregating first, edge values or
-scales that need a gradient, and a product whose route to cuSPARSE is still to be chosen by its
-next call (fgplugin.cusparse). The products below keep their own checks (fgplugin.spmm's on
+scales that need a gradient, and a call whose product was the first at its width, the route to
+cuSPARSE then left to the next product (fgplugin.cusparse). The products below keep their own checks (fgplugin.spmm's on
 every call), so a kept layer call runs the same ops with the same arguments as the full path:
 same results, bit for bit. A layer holds at most one kept call, with weak references only (to
 its graph input, the layer's objects, the adjacency and the scales), so it keeps nothing alive: a
@@ -47,7 +47,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import _extension, cusparse
+from . import _extension
 from .config import settings
 from .normalization import Normalization
 from .repeated_calls import context_allows, switches
@@ -132,14 +132,21 @@ def decided(owner, kind: str, adj: TiledAdjacency, norm: Normalization, width: i
         owner.__dict__[_PENDING] = Decision(kind, weakref.ref(adj), _weak(norm), width)
 
 
-def decided_product(owner, adj: TiledAdjacency, h: Tensor, norm: Normalization, bias, width: int) -> None:
+def decided_product(owner, adj: TiledAdjacency, h: Tensor, norm: Normalization, bias, width: int,
+                     route_left_open: bool = False) -> None:
     """Notes, for ``owner``'s ``TRANSFORMED`` call under way (if it is deciding one), the kept
     ``fgplugin.spmm`` call (fgplugin.repeated_calls) that served its product
     ``spmm(adj, h, *norm, bias=bias, width=width)``, where that is the extension's ``KeptSpmm``
     recording the gradient of ``h`` alone: a repeated layer call then runs ``A (x W^T) + b`` in it,
-    in one step from C++ (its ``transformed``), without the product's own lookup."""
+    in one step from C++ (its ``transformed``), without the product's own lookup.
+    ``route_left_open``: the product was the first at its width, whose route to cuSPARSE
+    (fgplugin.cusparse) the next product chooses; the call is then not kept, and the next one
+    decides again."""
     pending = owner.__dict__.get(_PENDING)
     if pending is None or pending.kind != TRANSFORMED:
+        return
+    if route_left_open:
+        owner.__dict__[_PENDING] = None
         return
     kept_call = find_product(adj, h, *norm, bias, width)
     if isinstance(kept_call, _extension.kept_spmm or ()) and kept_call.wrt_x:
@@ -225,8 +232,6 @@ def keep(owner, graph_input, edge_weight, objects: tuple, values: tuple, x) -> N
     adj = decision.adj()
     if adj is None or (adj.values is not None and adj.values.is_inference()):
         return  # edge values made in inference mode have no version to key on
-    if decision.kind == TRANSFORMED and decision.product is None and cusparse.undecided(adj, decision.width):
-        return  # the product's route (fgplugin.cusparse) is chosen by its next call: decide again then
     owner.__dict__[_KEPT] = KeptLayerCall(graph_input, objects, values, x, decision)
 
 

@@ -16,8 +16,9 @@ skipping and of the padding) count when a call is first decided.
 
 Only calls in plain eager mode are kept or reused, with no autocast, forward-mode AD, CUDA graph
 capture or captured-step warm-up active; their edge values, scales and diagonal need no gradient,
-and the checks changed none of the given tensors (no cast). Everything else takes the full path,
-every time. What the op's C++ side checks (shapes, dtypes, devices of every tensor it gets) it
+the checks changed none of the given tensors (no cast), and their width's route to cuSPARSE is not
+left to a later call (fgplugin.cusparse: the first product at a width). Everything else takes the
+full path, every time. What the op's C++ side checks (shapes, dtypes, devices of every tensor it gets) it
 checks on every call, so a tensor resized in place since still gets a clear error, not a wrong
 read. A kept call holds only weak references to the caller's tensors of its key (scales,
 diagonal, bias: the call passes them itself), so scales made anew every step are freed as

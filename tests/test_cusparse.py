@@ -4,8 +4,9 @@ Forced on (``set_cusparse("1")``) the route runs on any device, so its products 
 checked against the float64 reference on the CPU too; on CUDA the probe's choice (per width, once,
 on its second product) is obeyed and kept, and a captured step with a routed product replays the
 eager steps. Where the route's conditions are made to hold off CUDA, the CPU checks when the choice
-is made: never for a product seen once (a constant input's), on the second call of one that
-repeats, with the kept calls of fgplugin.repeated_calls and fgplugin.layer_calls waiting for it."""
+is made: by the second product at a width on an adjacency, never by a product whose result is kept
+(the input cache's build, SGConv's cached propagation), with the kept calls of
+fgplugin.repeated_calls and fgplugin.layer_calls waiting for it."""
 import copy
 import warnings
 
@@ -347,11 +348,17 @@ def test_forced_route_applies_the_epilogue(device, routed):
 
 @pytest.fixture
 def route_anywhere(monkeypatch):
-    """The route's conditions but the device's (and the graph's size and threshold) made to hold,
-    so that when the choice is made can be checked on the CPU; the probe's answer set by
-    ``route_anywhere.faster``, its widths listed in ``route_anywhere.probed``."""
+    """The route's conditions but the device's made to hold, so that when the choice is made can
+    be checked on the CPU; the probe's answer set by ``route_anywhere.faster``, its widths listed
+    in ``route_anywhere.probed``."""
     applies = cusparse._applies
-    monkeypatch.setattr(cusparse, "_applies", lambda *args: applies(*args[:-1], True))
+
+    def on_any_device(adj, x, row_scale, col_scale, diag, forced):
+        if not forced and (adj.threshold != "auto" or adj.nnz > cusparse.MAX_NNZ):
+            return False
+        return applies(adj, x, row_scale, col_scale, diag, True)
+
+    monkeypatch.setattr(cusparse, "_applies", on_any_device)
 
     class Probe:
         faster, probed = True, []
@@ -388,12 +395,17 @@ def test_a_width_is_timed_on_its_second_product_and_kept_from_then_on(faster, ro
     assert kept_after == ([0] * 4 if faster else [0, 1, 1, 1])  # a routed product is never a kept call
 
 
-def _gcn(features: int, hidden: int, layers: int, input_dropout: bool):
+def _model(kind: str, features: int, hidden: int, layers: int, input_dropout: bool):
+    """A GCN (``layers`` GCNConv layers) or an SGConv with K = 2 (``sgc``, or ``sgc-cached``)."""
     import fgplugin.pyg as fg
 
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
+            if kind.startswith("sgc"):
+                # more outputs than inputs: both hops aggregate x itself
+                self.convs = torch.nn.ModuleList([fg.SGConv(features, 96, K=2, cached=kind == "sgc-cached")])
+                return
             widths = [features] + [hidden] * (layers - 1) + [4]
             self.convs = torch.nn.ModuleList(fg.GCNConv(a, b, cached=True) for a, b in zip(widths, widths[1:]))
 
@@ -420,37 +432,51 @@ def _losses(model, x, y, idx, ei, steps: int, seed: int = 0) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize("layers, input_dropout, probed, routed_steps", [
-    (2, False, [], 0),  # the first layer's A (x W) and its kept A x are products seen once
-    (2, True, [WIDTH], 4),  # a dropped input changes every step: its product repeats, from step 2 routed
-    (3, False, [WIDTH], 5),  # the hidden layer's product is the second at WIDTH on step 1 already
+@pytest.mark.parametrize("kind, features, layers, input_dropout, probed, routed_products", [
+    # the first layer's A (x W) runs once, then the input cache builds and keeps A x (96 columns)
+    ("gcn", 96, 2, False, [], 0),
+    # aggregating first, A x at WIDTH on the first call and again in the cache's build
+    ("gcn", WIDTH, 2, False, [], 0),
+    # a dropped input changes every step: its product repeats, timed on step 2, routed from then on
+    ("gcn", 96, 2, True, [WIDTH], 4),
+    # the hidden layer's product is the second at WIDTH on step 1 already
+    ("gcn", 96, 3, False, [WIDTH], 5),
+    # SGConv's two hops at one width: cached=True propagates once; uncached, step 1's second hop
+    # times the route (x may change from call to call) and the cache's build (two hops) obeys it
+    ("sgc-cached", WIDTH, 1, False, [], 0),
+    ("sgc", WIDTH, 1, False, [WIDTH], 3),
 ])
-def test_a_model_times_only_the_products_it_repeats(layers, input_dropout, probed, routed_steps, route_anywhere,
-                                                    routed):
-    """A GCN on a constant input never times the route for its first layer (whose products at
-    WIDTH and at the input's 96 columns each run once before the input cache keeps A x); the
-    second product at a width (per adjacency) times it and the width is routed from then on,
-    through the layers' kept calls too; the losses are those of fgplugin's kernels throughout."""
+def test_a_model_times_only_the_products_it_repeats(kind, features, layers, input_dropout, probed, routed_products,
+                                                    route_anywhere, routed):
+    """A GCN on a constant input never times the route for its first layer, whose products run
+    once before the input cache keeps A x; nor does a product whose result is kept; the second
+    product at a width (per adjacency) times it and the width is routed from then on, through the
+    layers' kept calls too; the losses are those of fgplugin's kernels throughout."""
     g = torch.Generator().manual_seed(4)
-    x, y = torch.randn(300, 96, generator=g), torch.randint(0, 4, (300,), generator=g)
+    x, y = torch.randn(300, features, generator=g), torch.randint(0, 4, (300,), generator=g)
     idx, ei = torch.arange(0, 300, 3), clustered_case(4, n_src=300).edge_index
-    model = _gcn(96, WIDTH, layers, input_dropout)
+    model = _model(kind, features, WIDTH, layers, input_dropout)
     reference = copy.deepcopy(model)
     losses = _losses(model, x, y, idx, ei, steps=5)
     assert route_anywhere.probed == probed
-    assert routed == [WIDTH] * routed_steps
+    assert routed == [WIDTH] * routed_products
     fgplugin.set_cusparse("0")
     assert losses == pytest.approx(_losses(reference, x, y, idx, ei, steps=5), rel=1e-5)
 
 
-def test_a_hidden_layer_keeps_its_product_call_once_the_route_is_chosen(route_anywhere):
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_hidden_layer_keeps_its_product_call_once_the_route_is_chosen(padded, route_anywhere, monkeypatch):
     """A hidden layer's first call is not kept while its product's route is undecided; its second
     call decides the route (fgplugin's kernel here) and keeps the product's call with the layer's,
-    so later calls run it in one step from C++."""
+    so later calls run it in one step from C++; with the weight padded (as the CUDA kernels pad
+    it) the route is the padded width's."""
     route_anywhere.faster = False
     import fgplugin.pyg as fg
 
-    conv = fg.GCNConv(96, WIDTH, cached=True)  # more inputs than outputs: A (x W) + b
+    out = WIDTH - 2 if padded else WIDTH
+    if padded:
+        monkeypatch.setattr(fgplugin.aggregation.Aggregation, "vector_width", lambda self, features, dtype: WIDTH)
+    conv = fg.GCNConv(96, out, cached=True)  # more inputs than outputs: A (x W) + b
     ei = clustered_case(6, n_src=200).edge_index
     kept = []
     for _ in range(3):
@@ -460,3 +486,31 @@ def test_a_hidden_layer_keeps_its_product_call_once_the_route_is_chosen(route_an
         kept.append(None if call is None else call.decision.product is not None)
     assert route_anywhere.probed == [WIDTH]
     assert kept == [None, fgplugin.extension_status().loaded, fgplugin.extension_status().loaded]
+
+
+@pytest.mark.parametrize("other", ["off", "fixed threshold", "float64"])
+def test_a_layer_is_kept_where_its_product_never_asks_for_the_route(other, route_anywhere, monkeypatch):
+    """A width left open by another product on the adjacency (a one-off product at that width)
+    does not keep a layer from keeping its call when its own product never reaches the route: the
+    route switched off, a copy of the adjacency with a fixed threshold, float64 features. (No
+    product call from C++ here, as for products over the zero-row skipping's work floor.)"""
+    import fgplugin.pyg as fg
+
+    monkeypatch.setattr(fgplugin._extension, "kept_spmm", None)
+
+    case = clustered_case(6, n_src=200)
+    adj = case.adjacency(threshold="auto")
+    fgplugin.spmm(adj, torch.randn(200, WIDTH), *adj.norm("gcn", dtype=torch.float32))  # leaves WIDTH open
+    graph, dtype = adj, torch.float32
+    if other == "off":
+        fgplugin.set_cusparse("0")
+    elif other == "fixed threshold":
+        graph = adj.with_tiles(threshold=0.05)  # shares the adjacency's records
+    else:
+        dtype = torch.float64
+    conv = fg.GCNConv(96, WIDTH).to(dtype)
+    for _ in range(3):
+        x = torch.randn(200, 96, dtype=dtype, requires_grad=True)
+        conv(x, graph).sum().backward()
+    assert conv.__dict__.get("_fgplugin_layer_call") is not None
+    assert route_anywhere.probed == []

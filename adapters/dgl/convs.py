@@ -9,7 +9,6 @@ which ``local_scope()`` shares and any structural change replaces.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple
 
 import torch
@@ -17,7 +16,7 @@ from torch import Tensor
 
 from fgplugin import Normalization, TiledAdjacency
 from fgplugin._csr import aux_dtype_for, rows_of_edges
-from fgplugin.aggregation import Aggregation, aggregate, is_distributed, linear_parts, transform
+from fgplugin.aggregation import Aggregation, aggregate, cached_propagation, is_distributed, linear_parts, transform
 from fgplugin.inference_mode import outside_inference_mode
 
 from ._import_shim import import_dgl
@@ -226,8 +225,7 @@ class SGConv(_Named, dgl_conv.SGConv):
                 row_scale = _positive_rsqrt(adj.in_degree(weighted=True, dtype=torch.float64)).to(dtype)
                 col_scale = _positive_rsqrt(adj.out_degree(weighted=True, dtype=torch.float64)).to(dtype)
             aggregation = _aggregation(graph, found, edge_weight, "SGConv", row_scale, col_scale)
-        # what is cached stays in the input's precision, as stock's: later calls may run without autocast
-        with torch.autocast(feat.device.type, enabled=False) if self._cached else contextlib.nullcontext():
+        with cached_propagation(self._cached, feat.device.type):
             feat = aggregate(aggregation, feat, hops=self._k, owner=self, fresh=self.norm is not None)
         if self.norm is not None:
             feat = self.norm(feat)

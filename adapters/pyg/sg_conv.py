@@ -1,14 +1,13 @@
 """``SGConv`` whose K propagation steps run on fgplugin's SpMM."""
 from __future__ import annotations
 
-import contextlib
 
 import torch
 from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor
 
-from fgplugin.aggregation import aggregate
+from fgplugin.aggregation import aggregate, cached_propagation
 
 from ._aggregation import NormSpec
 from ._layer import FgpluginLayer, linear, make_aggregation
@@ -39,8 +38,7 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
         if parts is not None:
             return aggregate(aggregation, x, weight=parts[0], bias=parts[1], hops=self.K, owner=self,
                              node_dim=self.node_dim)
-        # what is cached stays in the input's precision, as stock's: later calls may run without autocast
-        with torch.autocast(x.device.type, enabled=False) if self.cached else contextlib.nullcontext():
+        with cached_propagation(self.cached, x.device.type):
             x = aggregate(aggregation, x, hops=self.K, owner=self, node_dim=self.node_dim)
         if self.cached:
             self._cached_x = x
