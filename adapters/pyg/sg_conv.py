@@ -1,7 +1,6 @@
 """``SGConv`` whose K propagation steps run on fgplugin's SpMM."""
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 from torch_geometric.nn import conv as pyg_conv
