@@ -195,7 +195,10 @@ def _kept(graph, x: Tensor, hops: int, owner, settings: tuple, node_dim: int,
 
     def keep():
         def dense():
-            return _propagate(graph, x, hops, node_dim)
+            # made once: its products do not time the cuSPARSE route (the sparse form's timing,
+            # of products that repeat every step, runs them as the steps will)
+            with cusparse.computed_once():
+                return _propagate(graph, x, hops, node_dim)
         return sparse_input.keep(graph, x, weight.shape[1], hops, dense) if may_be_sparse else dense()
 
     # under autocast the aggregation is kept in the autocast dtype: a call in another precision

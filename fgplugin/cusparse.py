@@ -15,7 +15,7 @@ runs fgplugin's kernel untimed: a product seen once may never repeat (a constant
 layer call, ``A (x W)`` or ``A x``, which fgplugin.input_cache replaces by its kept aggregation
 from the next call on), and timing both kernels with the fold's build cost more than the rest of
 a first training step's one-time work (H100: 4-9 ms per graph, about 56 ms on a process's first;
-docs/results.md section 36). Products whose result the caller keeps (the input cache's build,
+docs/results.md section 36). Products whose result the caller keeps (the input cache's dense aggregation,
 SGConv's cached propagation: :func:`computed_once`) are neither timed nor counted. The product
 chosen: ``diag(r) (A + diag(d)) diag(c)`` folded into one CSR
 (values ``r_i w_ij c_j``, the diagonal as entries), kept with the adjacency, with its transpose

@@ -38,7 +38,6 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from . import cusparse
 from .autotune import in_captured_step
 from .capture_holds import capturing, hold
 from .config import settings
@@ -184,7 +183,7 @@ class InputCache:
             # a capture records the aggregation's kernels without running them: kept now, it would
             # be read unfilled by any call before the first replay. The graph computes it instead.
             return None
-        with torch.no_grad(), cusparse.computed_once():  # built once: no product here is timed for the route
+        with torch.no_grad():
             value = aggregate()
         self._key, self._value, self._seen = _Key(deps), value, None
         self._for_captured_step = for_captured_step

@@ -5,7 +5,7 @@ checked against the float64 reference on the CPU too; on CUDA the probe's choice
 on its second product) is obeyed and kept, and a captured step with a routed product replays the
 eager steps. Where the route's conditions are made to hold off CUDA, the CPU checks when the choice
 is made: by the second product at a width on an adjacency, never by a product whose result is kept
-(the input cache's build, SGConv's cached propagation), with the kept calls of
+(the input cache's dense aggregation, SGConv's cached propagation), with the kept calls of
 fgplugin.repeated_calls and fgplugin.layer_calls waiting for it."""
 import copy
 import warnings
@@ -514,3 +514,28 @@ def test_a_layer_is_kept_where_its_product_never_asks_for_the_route(other, route
         conv(x, graph).sum().backward()
     assert conv.__dict__.get("_fgplugin_layer_call") is not None
     assert route_anywhere.probed == []
+
+
+def test_the_sparse_forms_timing_runs_its_products_on_the_chosen_route(route_anywhere, monkeypatch):
+    """The input cache's dense aggregation is made once and times nothing, but the sparse form's
+    timing (fgplugin.sparse_input) runs products that repeat every step if that form is kept: they
+    choose their route in its untimed first run, so that the timed runs are the steps' own."""
+    import fgplugin.pyg as fg
+
+    seen = []
+    batch_cost_ms = autotune._batch_cost_ms
+
+    def spying(run, n, device):
+        seen.append(cusparse.choice_at(adj, WIDTH))
+        return batch_cost_ms(run, n, device)
+
+    monkeypatch.setattr(autotune, "_batch_cost_ms", spying)
+    g = torch.Generator().manual_seed(8)
+    x = (torch.rand(300, 300, generator=g) < 0.01).float()  # bag-of-words-like: a sparse form's candidate
+    y = torch.randint(0, 4, (300,), generator=g)
+    adj = clustered_case(8, n_src=300).adjacency(threshold="auto")
+    conv = fg.GCNConv(300, WIDTH)
+    for _ in range(3):
+        F.cross_entropy(conv(x, adj)[:, :4], y).backward()
+    assert seen and all(isinstance(choice, bool) for choice in seen), seen
+    assert route_anywhere.probed == [WIDTH]
