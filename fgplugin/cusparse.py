@@ -98,7 +98,7 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag, ours, sources: tuple) -> bo
         return False
     if not plain_eager(x):  # before anything torch.compile cannot trace: it runs fgplugin's op
         return False
-    key = ("cusparse", width, autotune.in_captured_step())  # a captured step weighs device time alone
+    key = _key(width)
     choice = adj._shared.get(key)
     if choice is False and not forced:
         return False
@@ -122,7 +122,13 @@ def runs(adj, x: Tensor, row_scale, col_scale, diag, ours, sources: tuple) -> bo
 def choice_at(adj, width: int):
     """The route's record for ``width`` columns on ``adj`` in this context (eager, or a captured
     step's warm-up): ``None`` (no product yet), ``SEEN_ONCE``, or whether cuSPARSE runs it."""
-    return adj._shared.get(("cusparse", width, autotune.in_captured_step()))
+    return adj._shared.get(_key(width))
+
+
+def _key(width: int) -> tuple:
+    """Where the route's record for ``width`` columns is kept in an adjacency's ``_shared``: apart
+    for a captured step's warm-up, whose choice weighs device time alone."""
+    return "cusparse", width, autotune.in_captured_step()
 
 
 _computed_once = contextvars.ContextVar("fgplugin_computed_once", default=False)

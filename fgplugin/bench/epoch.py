@@ -40,6 +40,7 @@ A row that cannot run keeps its place with ``ms_median: None`` and ``error``.
 from __future__ import annotations
 
 import gc
+import itertools
 import statistics
 import time
 from contextlib import contextmanager, nullcontext
@@ -725,7 +726,7 @@ def _train_each_model_once(device: torch.device, impls, models, orders, precisio
         for impl in impls:
             if impl == "fgplugin-sharded":  # makes a process group; its layers are fgplugin's PyG ones
                 continue
-            for model, precision in [(m, p) for m in models for p in precisions]:
+            for model, precision in itertools.product(models, precisions):
                 weights = baselines.reference_weights(problem.num_features, 16, problem.num_classes, 0, device,
                                                       root=model == "sage")
                 try:
