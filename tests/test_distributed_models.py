@@ -217,12 +217,23 @@ def _losses_norms_and_odd_inputs(rank, world):
                        loss_fn=F.binary_cross_entropy_with_logits)  # multi-label: one term per row and label
     loss.backward()
     found["bce-grad"] = model.module.weight.grad.numpy()
+    # rows of rank 0 alone: rank 1 has none, and still counts each row's 3 terms as rank 0 does
+    torch.manual_seed(8)
+    first_half = replicate(torch.nn.Linear(FEATURES, 3).double(), ctx)
+    only_rank0 = (local.n_id < N // 2) & local.train_mask
+    found["rows-on-rank"] = int(only_rank0.sum())
+    masked_loss(first_half(local.x), targets[local.n_id], only_rank0, ctx,
+                loss_fn=F.binary_cross_entropy_with_logits).backward()
+    found["bce-grad-rank0-rows"] = first_half.module.weight.grad.numpy()
+    found["scalar-loss"] = error_of(lambda: masked_loss(local.x[:, :4], local.y, local.train_mask, ctx,
+                                                        loss_fn=lambda out, y, reduction: out.sum()))
     return found
 
 
 def test_per_entry_losses_node_wide_norms_and_odd_inputs():
     """masked_loss averages a multi-label loss over its terms as torch's mean does (the gradient
-    of one process); normalizations over all nodes are refused (SyncBatchNorm is not); a mask
+    of one process), also where a rank selects no rows; a loss that is not per row is refused by
+    name; normalizations over all nodes are refused (SyncBatchNorm is not); a mask
     must be 1-D; a graph without edges shards; a loss without a replicated model warns."""
     torch.manual_seed(8)
     linear = torch.nn.Linear(FEATURES, 3).double()
@@ -230,6 +241,10 @@ def test_per_entry_losses_node_wide_norms_and_odd_inputs():
     targets = (torch.rand(N, 3, generator=torch.Generator().manual_seed(9)) < 0.5).double()
     m = data.train_mask
     F.binary_cross_entropy_with_logits(linear(data.x)[m], targets[m]).backward()
+    torch.manual_seed(8)
+    first_half = torch.nn.Linear(FEATURES, 3).double()
+    m0 = m & (torch.arange(N) < N // 2)
+    F.binary_cross_entropy_with_logits(first_half(data.x)[m0], targets[m0]).backward()
     for rank, found in _ok(_launch(2, _losses_norms_and_odd_inputs, deadline_s=120), 2).items():
         assert "(BatchNorm1d) takes its statistics over the rows of each rank" in found["batchnorm"], found
         assert "SyncBatchNorm" in found["batchnorm"], found
@@ -239,6 +254,9 @@ def test_per_entry_losses_node_wide_norms_and_odd_inputs():
         assert found["no-edges"] == 5, found
         assert len(found["unreplicated"]) == 1 and "replicate(model, ctx)" in found["unreplicated"][0], found
         assert _rel(torch.from_numpy(found["bce-grad"]), linear.weight.grad) < 1e-12, rank
+        assert (found["rows-on-rank"] > 0) == (rank == 0), found["rows-on-rank"]
+        assert _rel(torch.from_numpy(found["bce-grad-rank0-rows"]), first_half.weight.grad) < 1e-12, rank
+        assert "one entry, or one row of entries, per selected row" in found["scalar-loss"], found
 
 
 def _replica_draws(rank, world):

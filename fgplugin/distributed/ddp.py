@@ -10,6 +10,7 @@ scaled so that the averaged gradients are the single-process ones, and metrics o
 """
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 
@@ -143,15 +144,23 @@ def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: Sha
     mask = _mask(mask, out, "masked_loss")
     if not ctx.replicated and ctx.world_size > 1 and torch.is_grad_enabled() and out.requires_grad:
         _warn_unreplicated()
+    # The rows are counted and all-reduced before out[mask]: that boolean index waits on the host for
+    # this rank's forward, and an all-reduce issued after it would start only once every rank's
+    # host had woken from that wait, not as soon as every rank's forward is done. Counted in float64
+    # and summed in at least float32: a 16-bit count overflows (fp16: 65504) or rounds.
+    rows = mask.sum(dtype=torch.float64).reshape(1)
+    dist.all_reduce(rows)
     picked = out[mask]
     if picked.dtype in (torch.float16, torch.bfloat16):
         picked = picked.float()
     terms = loss_fn(picked, y[mask], reduction="none")
-    # Counted in float64 and summed in at least float32: a 16-bit count overflows (fp16: 65504) or rounds.
-    count = torch.full((1,), float(terms.numel()), dtype=torch.float64, device=out.device)  # a fill, no copy
-    dist.all_reduce(count)
+    if terms.dim() == 0 or terms.shape[0] != picked.shape[0]:
+        raise ValueError(f"masked_loss: loss_fn(..., reduction='none') must give one entry, or one row of entries, "
+                         f"per selected row ({picked.shape[0]} here), got shape {tuple(terms.shape)}: masked_loss "
+                         f"averages per-row losses (cross entropy, BCE, MSE and the like)")
+    per_row = math.prod(terms.shape[1:])  # the same on every rank: the loss's shape, not its rows
     local = terms.sum()
-    return local * (ctx.world_size / count.clamp(min=1)[0]).to(local.dtype)
+    return local * (ctx.world_size / (rows * per_row).clamp(min=1)[0]).to(local.dtype)
 
 
 _warned_unreplicated = False
