@@ -225,6 +225,13 @@ def _losses_norms_and_odd_inputs(rank, world):
     masked_loss(first_half(local.x), targets[local.n_id], only_rank0, ctx,
                 loss_fn=F.binary_cross_entropy_with_logits).backward()
     found["bce-grad-rank0-rows"] = first_half.module.weight.grad.numpy()
+    # a mask changed in place between steps selects its new rows (the kept index follows its version)
+    mask = local.train_mask.clone()
+    with torch.no_grad():
+        before = float(masked_loss(local.x[:, :4], local.y, mask, ctx))
+        mask[:] = ~mask
+        found["changed-mask"] = (before, float(masked_loss(local.x[:, :4], local.y, mask, ctx)),
+                                 float(masked_loss(local.x[:, :4], local.y, ~local.train_mask, ctx)))
     found["scalar-loss"] = error_of(lambda: masked_loss(local.x[:, :4], local.y, local.train_mask, ctx,
                                                         loss_fn=lambda out, y, reduction: out.sum()))
     return found
@@ -232,8 +239,8 @@ def _losses_norms_and_odd_inputs(rank, world):
 
 def test_per_entry_losses_node_wide_norms_and_odd_inputs():
     """masked_loss averages a multi-label loss over its terms as torch's mean does (the gradient
-    of one process), also where a rank selects no rows; a loss that is not per row is refused by
-    name; normalizations over all nodes are refused (SyncBatchNorm is not); a mask
+    of one process), also where a rank selects no rows, and follows a mask changed in place; a loss
+    that is not per row is refused by name; normalizations over all nodes are refused (SyncBatchNorm is not); a mask
     must be 1-D; a graph without edges shards; a loss without a replicated model warns."""
     torch.manual_seed(8)
     linear = torch.nn.Linear(FEATURES, 3).double()
@@ -257,6 +264,8 @@ def test_per_entry_losses_node_wide_norms_and_odd_inputs():
         assert (found["rows-on-rank"] > 0) == (rank == 0), found["rows-on-rank"]
         assert _rel(torch.from_numpy(found["bce-grad-rank0-rows"]), first_half.weight.grad) < 1e-12, rank
         assert "one entry, or one row of entries, per selected row" in found["scalar-loss"], found
+        before, changed, fresh = found["changed-mask"]
+        assert changed == fresh and changed != before, found["changed-mask"]
 
 
 def _replica_draws(rank, world):
@@ -414,3 +423,25 @@ def test_a_killed_rank_stops_the_others_with_an_error_not_a_hang():
     assert status == "ok" and message is not None, ranks[0]
     assert "remote worker" in message or "Connection" in message, message
     assert seconds < TIMEOUT_S + 10, seconds
+
+
+def test_masked_loss_keeps_each_masks_rows_while_it_is_unchanged():
+    """The index of a mask's rows is found once and reused (no host sync in later steps), found
+    again after an in-place change, and let go with the mask."""
+    import gc
+
+    from fgplugin.distributed import ddp
+
+    mask = torch.tensor([True, False, True, False])
+    first = ddp._selected_rows(mask, mask.device)
+    assert first.tolist() == [0, 2] and ddp._selected_rows(mask, mask.device) is first
+    mask[1] = True
+    assert ddp._selected_rows(mask, mask.device).tolist() == [0, 1, 2]
+    assert ddp._selected_rows(mask.clone(), mask.device).tolist() == [0, 1, 2]
+    entries = len(ddp._selected)
+    del mask
+    gc.collect()
+    assert len(ddp._selected) < entries
+    with torch.inference_mode():
+        frozen = torch.tensor([False, True])
+    assert ddp._selected_rows(frozen, frozen.device).tolist() == [1]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -140,27 +141,46 @@ def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: Sha
     all-reduced count is ``r * N``: replicas count their rows too. DDP averages the ranks'
     gradients (``/ p``), and the ``r`` replicas of a row block each hold a partial gradient of its
     rows (their sum is the true one), so the result is single-process training's gradient. One
-    small all-reduce."""
+    small all-reduce; the rows a mask selects are found on its first call (a host sync) and kept
+    while it is the same tensor, unchanged, so later steps do not sync."""
     mask = _mask(mask, out, "masked_loss")
     if not ctx.replicated and ctx.world_size > 1 and torch.is_grad_enabled() and out.requires_grad:
         _warn_unreplicated()
-    # The rows are counted and all-reduced before out[mask]: that boolean index waits on the host for
-    # this rank's forward, and an all-reduce issued after it would start only once every rank's
-    # host had woken from that wait, not as soon as every rank's forward is done. Counted in float64
-    # and summed in at least float32: a 16-bit count overflows (fp16: 65504) or rounds.
-    rows = mask.sum(dtype=torch.float64).reshape(1)
-    dist.all_reduce(rows)
-    picked = out[mask]
+    rows = _selected_rows(mask, out.device)
+    # Counted in float64 and summed in at least float32: a 16-bit count overflows (fp16: 65504) or rounds.
+    count = torch.full((1,), float(rows.numel()), dtype=torch.float64, device=out.device)  # a fill, no copy
+    dist.all_reduce(count)
+    picked = out.index_select(0, rows)
     if picked.dtype in (torch.float16, torch.bfloat16):
         picked = picked.float()
-    terms = loss_fn(picked, y[mask], reduction="none")
+    terms = loss_fn(picked, y.index_select(0, rows), reduction="none")
     if terms.dim() == 0 or terms.shape[0] != picked.shape[0]:
         raise ValueError(f"masked_loss: loss_fn(..., reduction='none') must give one entry, or one row of entries, "
                          f"per selected row ({picked.shape[0]} here), got shape {tuple(terms.shape)}: masked_loss "
                          f"averages per-row losses (cross entropy, BCE, MSE and the like)")
     per_row = math.prod(terms.shape[1:])  # the same on every rank: the loss's shape, not its rows
     local = terms.sum()
-    return local * (ctx.world_size / (rows * per_row).clamp(min=1)[0]).to(local.dtype)
+    return local * (ctx.world_size / (count * per_row).clamp(min=1)[0]).to(local.dtype)
+
+
+# Each mask's selected rows as an index, kept while the mask is the same tensor, unchanged (its
+# _version): out[mask] syncs the host every step (a boolean index learns its row count there), so
+# the host could not queue the step's backward until the forward had run, and the loss's count
+# all-reduce waited for every rank's host to wake. The index is found once per mask instead.
+_selected: dict = {}
+
+
+def _selected_rows(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The ids of the rows ``mask`` selects, on ``device``."""
+    if mask.is_inference():  # no version counter to tell a change by
+        return mask.nonzero().squeeze(1).to(device)
+    key = (id(mask), device)
+    kept = _selected.get(key)
+    if kept is not None and kept[0]() is mask and kept[1] == mask._version:
+        return kept[2]
+    rows = mask.nonzero().squeeze(1).to(device)
+    _selected[key] = (weakref.ref(mask, lambda _, key=key: _selected.pop(key, None)), mask._version, rows)
+    return rows
 
 
 _warned_unreplicated = False
