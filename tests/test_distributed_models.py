@@ -239,9 +239,10 @@ def _losses_norms_and_odd_inputs(rank, world):
 
 def test_per_entry_losses_node_wide_norms_and_odd_inputs():
     """masked_loss averages a multi-label loss over its terms as torch's mean does (the gradient
-    of one process), also where a rank selects no rows, and follows a mask changed in place; a loss
-    that is not per row is refused by name; normalizations over all nodes are refused (SyncBatchNorm is not); a mask
-    must be 1-D; a graph without edges shards; a loss without a replicated model warns."""
+    of one process), also where a rank selects no rows, and follows a mask changed in place; a
+    loss that is not per row is refused by name; normalizations over all nodes are refused
+    (SyncBatchNorm is not); a mask must be 1-D; a graph without edges shards; a loss without a
+    replicated model warns."""
     torch.manual_seed(8)
     linear = torch.nn.Linear(FEATURES, 3).double()
     data = _data()

@@ -166,7 +166,9 @@ def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: Sha
 # Each mask's selected rows as an index, kept while the mask is the same tensor, unchanged (its
 # _version): out[mask] syncs the host every step (a boolean index learns its row count there), so
 # the host could not queue the step's backward until the forward had run, and the loss's count
-# all-reduce waited for every rank's host to wake. The index is found once per mask instead.
+# all-reduce waited for every rank's host to wake. The index is found once per mask instead. (As
+# for the input cache, writes that skip the version counter, through mask.data or a NumPy view,
+# go unseen.)
 _selected: dict = {}
 
 
