@@ -234,13 +234,33 @@ def _losses_norms_and_odd_inputs(rank, world):
                                  float(masked_loss(local.x[:, :4], local.y, ~local.train_mask, ctx)))
     found["scalar-loss"] = error_of(lambda: masked_loss(local.x[:, :4], local.y, local.train_mask, ctx,
                                                         loss_fn=lambda out, y, reduction: out.sum()))
+    found["whole-graph-y"] = error_of(lambda: masked_loss(local.x[:, :4], torch.zeros(N, dtype=torch.long),
+                                                          local.train_mask, ctx))
+    # a per-row loss squeezed to a scalar where rank 0 selects one row: still one term per row
+    torch.manual_seed(8)
+    squeezed = replicate(torch.nn.Linear(FEATURES, 3).double(), ctx)
+    one_row = (local.n_id == 0) | ((local.n_id >= N // 2) & local.train_mask)
+    found["one-row-rows"] = int(one_row.sum())
+    masked_loss(squeezed(local.x)[:, 0], targets[local.n_id, 0], one_row, ctx,
+                loss_fn=lambda o, t, reduction: F.mse_loss(o, t, reduction=reduction).squeeze()).backward()
+    found["squeezed-grad"] = squeezed.module.weight.grad.numpy()
+    # a mask first used in inference mode (an evaluation before training) then in training steps
+    fresh_mask, labels = local.train_mask.clone(), targets[local.n_id]
+    bce = F.binary_cross_entropy_with_logits
+    with torch.inference_mode():
+        masked_loss(squeezed(local.x), labels, fresh_mask, ctx, loss_fn=bce)
+    found["after-inference"] = []
+    for _ in range(2):  # the training steps after it: each loss has a backward
+        masked_loss(squeezed(local.x), labels, fresh_mask, ctx, loss_fn=bce).backward()
+        found["after-inference"].append(True)
     return found
 
 
 def test_per_entry_losses_node_wide_norms_and_odd_inputs():
     """masked_loss averages a multi-label loss over its terms as torch's mean does (the gradient
-    of one process), also where a rank selects no rows, and follows a mask changed in place; a
-    loss that is not per row is refused by name; normalizations over all nodes are refused
+    of one process), also where a rank selects no rows or one (a squeezed loss), follows a mask
+    changed in place and one first used in inference mode; a loss that reduces anyway and labels
+    of the whole graph are refused by name; normalizations over all nodes are refused
     (SyncBatchNorm is not); a mask must be 1-D; a graph without edges shards; a loss without a
     replicated model warns."""
     torch.manual_seed(8)
@@ -253,6 +273,10 @@ def test_per_entry_losses_node_wide_norms_and_odd_inputs():
     first_half = torch.nn.Linear(FEATURES, 3).double()
     m0 = m & (torch.arange(N) < N // 2)
     F.binary_cross_entropy_with_logits(first_half(data.x)[m0], targets[m0]).backward()
+    torch.manual_seed(8)
+    squeezed = torch.nn.Linear(FEATURES, 3).double()
+    m1 = (torch.arange(N) == 0) | (m & (torch.arange(N) >= N // 2))
+    F.mse_loss(squeezed(data.x)[m1, 0], targets[m1, 0]).backward()
     for rank, found in _ok(_launch(2, _losses_norms_and_odd_inputs, deadline_s=120), 2).items():
         assert "(BatchNorm1d) takes its statistics over the rows of each rank" in found["batchnorm"], found
         assert "SyncBatchNorm" in found["batchnorm"], found
@@ -264,7 +288,11 @@ def test_per_entry_losses_node_wide_norms_and_odd_inputs():
         assert _rel(torch.from_numpy(found["bce-grad"]), linear.weight.grad) < 1e-12, rank
         assert (found["rows-on-rank"] > 0) == (rank == 0), found["rows-on-rank"]
         assert _rel(torch.from_numpy(found["bce-grad-rank0-rows"]), first_half.weight.grad) < 1e-12, rank
-        assert "one entry, or one row of entries, per selected row" in found["scalar-loss"], found
+        assert "returned a scalar; it must pass `reduction` on" in found["scalar-loss"], found
+        assert "one label (or row of targets) per row of out" in found["whole-graph-y"], found
+        assert (found["one-row-rows"] == 1) == (rank == 0), found["one-row-rows"]
+        assert _rel(torch.from_numpy(found["squeezed-grad"]), squeezed.weight.grad) < 1e-12, rank
+        assert len(found["after-inference"]) == 2, found
         before, changed, fresh = found["changed-mask"]
         assert changed == fresh and changed != before, found["changed-mask"]
 

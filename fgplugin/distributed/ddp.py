@@ -10,7 +10,6 @@ scaled so that the averaged gradients are the single-process ones, and metrics o
 """
 from __future__ import annotations
 
-import math
 import sys
 import warnings
 import weakref
@@ -141,40 +140,50 @@ def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: Sha
     all-reduced count is ``r * N``: replicas count their rows too. DDP averages the ranks'
     gradients (``/ p``), and the ``r`` replicas of a row block each hold a partial gradient of its
     rows (their sum is the true one), so the result is single-process training's gradient. One
-    small all-reduce; the rows a mask selects are found on its first call (a host sync) and kept
-    while it is the same tensor, unchanged, so later steps do not sync."""
+    small all-reduce.
+
+    The rows a mask selects are found on its first call (a host sync) and kept while it is the
+    same tensor with the same ``_version``, so later steps do not sync. A mask changed where that
+    counter does not see it (a collective writing into it, such as ``dist.broadcast(mask, 0)``;
+    ``mask.data``; a NumPy view) keeps its old rows: pass a new tensor (``mask.clone()``) then."""
     mask = _mask(mask, out, "masked_loss")
+    if not isinstance(y, torch.Tensor) or y.shape[:1] != out.shape[:1]:
+        raise ValueError(f"masked_loss: y must hold one label (or row of targets) per row of out, this rank's "
+                         f"{out.shape[0]} rows, got shape {tuple(getattr(y, 'shape', ()))}; pass the rank's own rows "
+                         f"(shard(data, ctx).y), not the whole graph's")
     if not ctx.replicated and ctx.world_size > 1 and torch.is_grad_enabled() and out.requires_grad:
         _warn_unreplicated()
     rows = _selected_rows(mask, out.device)
-    # Counted in float64 and summed in at least float32: a 16-bit count overflows (fp16: 65504) or rounds.
-    count = torch.full((1,), float(rows.numel()), dtype=torch.float64, device=out.device)  # a fill, no copy
-    dist.all_reduce(count)
-    picked = out.index_select(0, rows)
+    picked, target = out.index_select(0, rows), y.index_select(0, rows)
     if picked.dtype in (torch.float16, torch.bfloat16):
         picked = picked.float()
-    terms = loss_fn(picked, y.index_select(0, rows), reduction="none")
-    if terms.dim() == 0 or terms.shape[0] != picked.shape[0]:
-        raise ValueError(f"masked_loss: loss_fn(..., reduction='none') must give one entry, or one row of entries, "
-                         f"per selected row ({picked.shape[0]} here), got shape {tuple(terms.shape)}: masked_loss "
-                         f"averages per-row losses (cross entropy, BCE, MSE and the like)")
-    per_row = math.prod(terms.shape[1:])  # the same on every rank: the loss's shape, not its rows
+    terms = loss_fn(picked, target, reduction="none")
+    if terms.dim() == 0 and loss_fn(picked[:0], target[:0], reduction="none").dim() == 0:
+        # a loss that reduces anyway (one row's terms may be squeezed to a scalar; none are, on no rows):
+        # every rank finds the same, so all of them raise
+        raise ValueError("masked_loss: loss_fn(out, y, reduction='none') returned a scalar; it must pass `reduction` "
+                         "on to the loss, so that each selected row gives its own terms")
+    # The count of loss terms, in float64 and summed in at least float32 (a 16-bit count overflows,
+    # fp16: 65504, or rounds). Nothing above syncs the host once a mask's rows are kept, so the
+    # all-reduce starts as soon as every rank's loss terms are computed.
+    count = torch.full((1,), float(terms.numel()), dtype=torch.float64, device=out.device)  # a fill, no copy
+    dist.all_reduce(count)
     local = terms.sum()
-    return local * (ctx.world_size / (count * per_row).clamp(min=1)[0]).to(local.dtype)
+    return local * (ctx.world_size / count.clamp(min=1)[0]).to(local.dtype)
 
 
 # Each mask's selected rows as an index, kept while the mask is the same tensor, unchanged (its
 # _version): out[mask] syncs the host every step (a boolean index learns its row count there), so
 # the host could not queue the step's backward until the forward had run, and the loss's count
-# all-reduce waited for every rank's host to wake. The index is found once per mask instead. (As
-# for the input cache, writes that skip the version counter, through mask.data or a NumPy view,
-# go unseen.)
+# all-reduce waited for every rank's host to wake. The index is found once per mask instead.
 _selected: dict = {}
 
 
 def _selected_rows(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The ids of the rows ``mask`` selects, on ``device``."""
-    if mask.is_inference():  # no version counter to tell a change by
+    if mask.is_inference() or torch.is_inference_mode_enabled():
+        # an inference mask has no version counter; an index made in inference mode could not be
+        # saved for a later training step's backward
         return mask.nonzero().squeeze(1).to(device)
     key = (id(mask), device)
     kept = _selected.get(key)
