@@ -464,6 +464,11 @@ def test_masked_loss_keeps_each_masks_rows_while_it_is_unchanged():
     mask = torch.tensor([True, False, True, False])
     first = ddp._selected_rows(mask, mask.device)
     assert first.tolist() == [0, 2] and ddp._selected_rows(mask, mask.device) is first
+    other = mask.clone()
+    with torch.inference_mode():  # an evaluation reads the kept index, and keeps none of its own
+        assert ddp._selected_rows(mask, mask.device) is first
+        assert ddp._selected_rows(other, mask.device).tolist() == [0, 2]
+    assert ddp._selected_rows(other, mask.device).is_inference() is False  # made anew outside inference mode
     mask[1] = True
     assert ddp._selected_rows(mask, mask.device).tolist() == [0, 1, 2]
     assert ddp._selected_rows(mask.clone(), mask.device).tolist() == [0, 1, 2]

@@ -181,16 +181,15 @@ _selected: dict = {}
 
 def _selected_rows(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The ids of the rows ``mask`` selects, on ``device``."""
-    if mask.is_inference() or torch.is_inference_mode_enabled():
-        # an inference mask has no version counter; an index made in inference mode could not be
-        # saved for a later training step's backward
+    if mask.is_inference():  # no version counter to tell a change by
         return mask.nonzero().squeeze(1).to(device)
     key = (id(mask), device)
     kept = _selected.get(key)
     if kept is not None and kept[0]() is mask and kept[1] == mask._version:
         return kept[2]
     rows = mask.nonzero().squeeze(1).to(device)
-    _selected[key] = (weakref.ref(mask, lambda _, key=key: _selected.pop(key, None)), mask._version, rows)
+    if not torch.is_inference_mode_enabled():  # an inference index: no later training step could save it
+        _selected[key] = (weakref.ref(mask, lambda _, key=key: _selected.pop(key, None)), mask._version, rows)
     return rows
 
 
