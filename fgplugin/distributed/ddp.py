@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import sys
 import warnings
-import weakref
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .context import ShardingContext
 
@@ -175,21 +175,22 @@ def masked_loss(out: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, ctx: Sha
 # Each mask's selected rows as an index, kept while the mask is the same tensor, unchanged (its
 # _version): out[mask] syncs the host every step (a boolean index learns its row count there), so
 # the host could not queue the step's backward until the forward had run, and the loss's count
-# all-reduce waited for every rank's host to wake. The index is found once per mask instead.
-_selected: dict = {}
+# all-reduce waited for every rank's host to wake. The index is found once per mask instead. (As
+# for the input cache, writes that skip the version counter, through mask.data or a NumPy view,
+# go unseen.) mask -> (its _version, device, index); an entry goes with its mask.
+_selected: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _selected_rows(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The ids of the rows ``mask`` selects, on ``device``."""
     if mask.is_inference():  # no version counter to tell a change by
         return mask.nonzero().squeeze(1).to(device)
-    key = (id(mask), device)
-    kept = _selected.get(key)
-    if kept is not None and kept[0]() is mask and kept[1] == mask._version:
+    kept = _selected.get(mask)
+    if kept is not None and kept[:2] == (mask._version, device):
         return kept[2]
     rows = mask.nonzero().squeeze(1).to(device)
     if not torch.is_inference_mode_enabled():  # an inference index: no later training step could save it
-        _selected[key] = (weakref.ref(mask, lambda _, key=key: _selected.pop(key, None)), mask._version, rows)
+        _selected[mask] = (mask._version, device, rows)
     return rows
 
 
