@@ -22,6 +22,12 @@ product):
   the sample and is compared with those rows at once (one host sync in all);
 - the structure has not seen ``MAX_MISSES`` new sets of non-zero rows in a row.
 
+Once a width has settled (its gradient matched the same kept rows twice on the host), its eager
+products stop looking: each host sync waits for the whole step so far, and while it waits none of
+the backward pass's remaining work is queued. They use the restriction as a captured product does
+(below), and a second device flag, whether the rows differ at all, is read on a later call without
+waiting; where it came back set, that call looks on the host again (:func:`settled_restriction`).
+
 A backward product captured into a CUDA graph (``fgplugin.graphed_step``) cannot look at ``G``'s
 rows on the host: it keeps to the restriction its warm-up used at ``G``'s width, and a flag
 computed on the device runs the full product too where ``G`` has rows outside it (the
@@ -94,6 +100,32 @@ class _Kept:
     width: int = -1  # columns of the gradient that last used it
     plans: dict = field(default_factory=dict)  # (weighted, block-adaptive) -> kernel plan
     last_use: int = 0  # the structure's use count when it was last used
+    # Matched again by a gradient of ``width`` columns: later eager products of that width use it
+    # unchecked (settled_restriction) while ``changed`` has not come back true.
+    settled: bool = False
+    changed: _LateFlag | None = None  # whether the last unchecked gradient's rows differed from ``live``
+
+
+class _LateFlag:
+    """A one-element bool computed on the device, read on the host once it has arrived, without
+    waiting for it: on CUDA a copy to pinned memory and an event after it; elsewhere the value."""
+
+    __slots__ = ("_host", "_event")
+
+    def __init__(self, flag: torch.Tensor):
+        if flag.is_cuda:
+            self._host = torch.empty(1, dtype=torch.bool, pin_memory=True)
+            self._host.copy_(flag.reshape(1), non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host, self._event = flag.reshape(1), None
+
+    def read(self) -> bool | None:
+        """The flag, or ``None`` while the device has not got to it."""
+        if self._event is not None and not self._event.query():
+            return None
+        return bool(self._host[0])
 
 
 @dataclass
@@ -216,19 +248,62 @@ def captured_restriction(rowptr, col, values, x: torch.Tensor, block_adaptive: b
     gradient is dense shares the graph)."""
     if not (_may_restrict(col, x) and collection() is not None):
         return None
-    entry = _restrictions.get(col)
-    width = x.shape[1]
-    if entry is None or entry.misses >= MAX_MISSES or entry.dense_lately(width):
-        return None
-    candidates = [k for k in entry.kept if k.width == width]
     plan_key = (values is not None, block_adaptive)
-    if len(candidates) != 1 or plan_key not in candidates[0].plans:  # a plan is built with host syncs
+    kept = _unambiguous(_restrictions.get(col), x.shape[1], plan_key)
+    if kept is None:
         return None
-    kept = candidates[0]
     kept_values = None if values is None else values.index_select(0, kept.keep)
     outside = torch.logical_and(nonzero_rows(x), kept.live.logical_not()).any()
     hold(kept)
     return kept.rowptr, kept.col, kept_values, hold(kept.plans[plan_key]), outside
+
+
+def settled_restriction(rowptr, col, values, x: torch.Tensor, block_adaptive: bool):
+    """For an eager backward product, the restriction that gradients as wide as ``x`` have settled
+    on, used without looking at ``x``'s rows on the host (which waits for the device to finish
+    the step so far, while none of the backward pass's remaining work is queued), as
+    ``(rowptr, col, values, plan, outside)`` like :func:`captured_restriction`, whose rules it
+    shares; or ``None``: then :func:`restrict_to_live_rows` decides, with its host sync.
+
+    A restriction settles when a gradient of its width matches it on the host a second time. A
+    settled one is handed out with the device flag ``outside`` (the caller runs the full product
+    where it is set), and with a second flag, whether the gradient's rows differ from it at all,
+    read on a later call once the device has computed it: where it has come back set, that call
+    goes to :func:`restrict_to_live_rows` again, which rebuilds for the new rows or settles anew.
+    So a gradient whose rows changed costs the full product on top of the restricted one until
+    the flag is read, usually the next call, and is never wrong."""
+    if not _may_restrict(col, x) or capturing(x):
+        return None
+    entry = _restrictions.get(col)
+    plan_key = (values is not None, block_adaptive)
+    kept = _unambiguous(entry, x.shape[1], plan_key)
+    if kept is None or not kept.settled:
+        return None
+    changed = None if kept.changed is None else kept.changed.read()
+    if changed:
+        kept.settled, kept.changed = False, None
+        return None
+    entry.calls += 1
+    entry.record(kept, built=False)
+    live = nonzero_rows(x)
+    if changed is not None or kept.changed is None:  # else the last flag is still on its way: it is read first
+        kept.changed = _LateFlag(torch.ne(live, kept.live).any())
+    kept_values = None if values is None else values.index_select(0, kept.keep)
+    outside = torch.logical_and(live, kept.live.logical_not()).any()
+    return kept.rowptr, kept.col, kept_values, kept.plans[plan_key], outside
+
+
+def _unambiguous(entry: KeptSets | None, width: int, plan_key: tuple) -> _Kept | None:
+    """The one restriction of ``entry`` (a structure's) kept for gradients ``width`` columns wide,
+    with its plan for ``plan_key`` built; ``None`` where there is none, or two, or where the
+    structure's restrictions are not to be trusted without a look at the gradient's rows (see
+    :func:`captured_restriction`)."""
+    if entry is None or entry.misses >= MAX_MISSES or entry.dense_lately(width):
+        return None
+    candidates = [k for k in entry.kept if k.width == width]
+    if len(candidates) != 1 or plan_key not in candidates[0].plans:  # a plan is built with host syncs
+        return None
+    return candidates[0]
 
 
 def restricted(rowptr, col, values, live: torch.Tensor, block_adaptive: bool):
@@ -263,6 +338,7 @@ def _restricted(entry: KeptSets, rowptr, col, values, live, block_adaptive: bool
             kept = _Kept(live, *restrict_columns(rowptr, col, live))
     entry.record(kept, built)
     if width >= 0:
+        kept.settled = not built and kept.width == width
         kept.width = width
     if x is not None and x.is_cuda:
         _check_full_product(rowptr, col, values, x)

@@ -553,17 +553,18 @@ def _adjoint_over_live_rows(t_rowptr, t_col, t_values, t_plan, g, out_scale, row
 
     In a CUDA graph capture the restriction is the one the eager steps before it found (a
     captured step's warm-up), and a replay whose ``g`` has a non-zero row outside it overwrites
-    the result with the full product (the ``spmm_if`` op, which reads its flag on the device)."""
+    the result with the full product (the ``spmm_if`` op, which reads its flag on the device).
+    An eager product whose width has settled on a restriction uses it the same way, without a
+    host sync (fgplugin.grad_rows.settled_restriction)."""
     block_adaptive = t_plan is not None
-    if capture_holds.capturing(g):
-        captured = grad_rows.captured_restriction(t_rowptr, t_col, t_values, g, block_adaptive)
-        if captured is None:
-            return full()
-        rowptr, col, values, plan, outside = captured
+    guarded = grad_rows.captured_restriction if capture_holds.capturing(g) else grad_rows.settled_restriction
+    found = guarded(t_rowptr, t_col, t_values, g, block_adaptive)
+    if found is not None:
+        rowptr, col, values, plan, outside = found
         out = csr_product(rowptr, col, values, g, out_scale, row_scale, diag, plan)
         torch.ops.fgplugin.spmm_if.default(outside, t_rowptr, t_col, t_values, g, out_scale, row_scale, diag, out)
         return out
-    restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)
+    restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)  # None in a capture
     if restricted is None:
         return full()
     return csr_product(*restricted[:3], g, out_scale, row_scale, diag, restricted[3])

@@ -434,3 +434,75 @@ def test_holds_go_to_this_threads_collection_and_nest():
         capture_holds.hold(inner)
     assert not any(h is marker for h in held) and sum(h is inner for h in held) == 2
     assert capture_holds.collection() is None
+
+
+def counting_host_checks(monkeypatch) -> list:
+    """Counts the calls of restrict_to_live_rows, the path that looks at the gradient's rows on the host."""
+    calls = []
+    restrict = grad_rows.restrict_to_live_rows
+    monkeypatch.setattr(grad_rows, "restrict_to_live_rows", lambda *args: calls.append(1) or restrict(*args))
+    return calls
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_settled_width_skips_the_host_check(device, monkeypatch):
+    """A gradient matched twice on the host settles its width: later products of that width use
+    the restriction unchecked, with the reference's answer, counted as hits."""
+    case, adj = case_and_adj(device)
+    grad, live = row_sparse(adj.shape[0], 8, 0.1, seed=40, device=device)
+    host_checks = counting_host_checks(monkeypatch)
+    for call in range(5):
+        out, _ = x_grad(adj, grad, norm=False)
+        assert rel_error(out, reference(case, adj, grad, None)) <= TOL
+    assert len(host_checks) == 2  # the build, then the match that settles
+    stats = grad_rows.stats(transposed_col(adj))
+    assert (stats["builds"], stats["hits"], stats["live_rows"]) == (1, 4, int(live.sum()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("change", ["outside", "subset", "dense"])
+def test_rows_changed_after_settling_give_the_full_answer_then_a_host_check(device, change, monkeypatch):
+    """After the width settled, a gradient with other rows (some outside the restriction, only a
+    subset of its rows, or all rows) is still multiplied right (rows outside: the full product
+    too, by its device flag); the next call reads the late flag and looks on the host again,
+    which rebuilds for the new rows (or, for a dense gradient, runs the full product)."""
+    case, adj = case_and_adj(device)
+    n = adj.shape[0]
+    settled, live = row_sparse(n, 8, 0.1, seed=41, device=device)
+    for _ in range(3):
+        x_grad(adj, settled, norm=False)
+    if change == "outside":
+        other, _ = row_sparse(n, 8, 0.1, seed=42, device=device)
+    elif change == "subset":
+        other = settled.clone()
+        other[live.nonzero()[:3, 0].to(device)] = 0
+    else:
+        other, _ = row_sparse(n, 8, 1.0, seed=42, device=device)
+    host_checks = counting_host_checks(monkeypatch)
+    for call in range(3):
+        out, _ = x_grad(adj, other, norm=False)
+        assert rel_error(out, reference(case, adj, other, None)) <= TOL, call
+    assert len(host_checks) >= 1  # the late flag sent a call to the host check
+    stats = grad_rows.stats(transposed_col(adj))
+    assert stats["builds"] == (1 if change == "dense" else 2)
+    out, _ = x_grad(adj, settled, norm=False)  # the first rows again: right, whichever restriction runs
+    assert rel_error(out, reference(case, adj, settled, None)) <= TOL
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a host sync is a CUDA notion; no GPU here")
+def test_a_settled_product_does_not_sync_the_host():
+    """The settled path's backward product runs under torch.cuda.set_sync_debug_mode("error")."""
+    case, adj = case_and_adj("cuda")
+    grad, _ = row_sparse(adj.shape[0], 8, 0.1, seed=43, device="cuda")
+    x = torch.randn(adj.shape[1], 8, device="cuda", requires_grad=True)
+    for _ in range(3):
+        out = fgplugin.spmm(adj, x)
+        out.backward(grad)
+    out = fgplugin.spmm(adj, x)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out.backward(grad)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert rel_error(x.grad / 4, reference(case, adj, grad, None)) <= TOL
