@@ -19,9 +19,7 @@ product):
 - at most ``MAX_LIVE_FRACTION`` of ``G``'s rows are non-zero, first on a sample of
   ``SAMPLE_ROWS`` rows (so a dense gradient costs two tiny kernels and one host sync), then on
   all of them; a gradient as wide as the last one that used the structure's kept rows skips
-  the sample and is compared with those rows at once (one host sync in all); a width whose
-  sample was dense, with no kept rows at that width, is taken to stay dense for the structure's
-  next ``DENSE_RECHECK`` calls (no sample, no sync);
+  the sample and is compared with those rows at once (one host sync in all);
 - the structure has not seen ``MAX_MISSES`` new sets of non-zero rows in a row.
 
 Once a width has settled (its gradient matched the same kept rows twice on the host), its eager
@@ -85,10 +83,6 @@ MIN_WORK = {"cuda": 1 << 28, "cpu": 1 << 22}
 # Calls of a structure for which a gradient width seen dense is taken to belong to a layer whose
 # gradient is dense: about four training steps of a 2-layer model whose other layer restricts.
 DENSE_CALLS = 8
-# Calls of a structure for which a width seen dense, with no restriction kept at that width, runs in
-# full without its sample (a host sync): a layer whose gradient is dense stays so, and a first
-# layer's dense gradient would otherwise sync every step. About 25 steps of a 2-layer model.
-DENSE_RECHECK = 50
 # col of a restricted CSR (A^T's in the backward pass) -> its KeptSets of _Kept; entries go with the
 # structure they restrict.
 _restrictions: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -217,8 +211,6 @@ def restrict_to_live_rows(rowptr, col, values, x: torch.Tensor, block_adaptive: 
     # The sample costs a host sync; a gradient as wide as one that used a kept restriction is
     # taken to come from the same layer, and goes straight to the comparison.
     if not any(kept.width == width for kept in entry.kept):
-        if entry.calls - entry.dense_at.get(width, -DENSE_RECHECK) < DENSE_RECHECK:
-            return None
         step = max(n // SAMPLE_ROWS, 1)
         if float(nonzero_rows(x[::step]).float().mean()) > MAX_LIVE_FRACTION:  # one host sync
             entry.dense_at[width] = entry.calls

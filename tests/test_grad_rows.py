@@ -506,27 +506,3 @@ def test_a_settled_product_does_not_sync_the_host():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert rel_error(x.grad / 4, reference(case, adj, grad, None)) <= TOL
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_dense_width_is_not_sampled_again_for_a_while(device, monkeypatch):
-    """A width whose gradient was dense runs in full without looking at its rows (a host sync)
-    for DENSE_RECHECK calls of the structure, then is sampled again: a row-sparse gradient of
-    that width is then restricted."""
-    case, adj = case_and_adj(device)
-    n = adj.shape[0]
-    looks = []
-    find = grad_rows.nonzero_rows
-    monkeypatch.setattr(grad_rows, "nonzero_rows", lambda x: looks.append(1) or find(x))
-    dense, _ = row_sparse(n, 8, 1.0, seed=44, device=device)
-    sparse, _ = row_sparse(n, 8, 0.1, seed=45, device=device)
-    x_grad(adj, dense, norm=False)
-    assert len(looks) == 1  # the sample
-    for call in range(1, grad_rows.DENSE_RECHECK):
-        grad = sparse if call == 1 else dense
-        out, _ = x_grad(adj, grad, norm=False)
-        assert rel_error(out, reference(case, adj, grad, None)) <= TOL
-    assert len(looks) == 1 and grad_rows.stats(transposed_col(adj))["builds"] == 0
-    out, _ = x_grad(adj, sparse, norm=False)  # checked again: restricted
-    assert rel_error(out, reference(case, adj, sparse, None)) <= TOL
-    assert len(looks) > 1 and grad_rows.stats(transposed_col(adj))["builds"] == 1
