@@ -22,7 +22,7 @@ product):
   the sample and is compared with those rows at once (one host sync in all);
 - the structure has not seen ``MAX_MISSES`` new sets of non-zero rows in a row.
 
-Once a width has settled (its gradient matched the same kept rows twice on the host), its eager
+Once a width has settled (its gradient had the same kept rows on two host checks in a row), its eager
 products stop looking: each host sync waits for the whole step so far, and while it waits none of
 the backward pass's remaining work is queued. They use the restriction as a captured product does
 (below), and a second device flag, whether the rows differ at all, is read on a later call without
@@ -83,6 +83,9 @@ MIN_WORK = {"cuda": 1 << 28, "cpu": 1 << 22}
 # Calls of a structure for which a gradient width seen dense is taken to belong to a layer whose
 # gradient is dense: about four training steps of a 2-layer model whose other layer restricts.
 DENSE_CALLS = 8
+# Host-checked calls in a row at one width that must find the same rows (the build counts as one)
+# before later calls of that width use them unchecked (settled_restriction).
+SETTLE_CALLS = 2
 # col of a restricted CSR (A^T's in the backward pass) -> its KeptSets of _Kept; entries go with the
 # structure they restrict.
 _restrictions: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -100,10 +103,10 @@ class _Kept:
     width: int = -1  # columns of the gradient that last used it
     plans: dict = field(default_factory=dict)  # (weighted, block-adaptive) -> kernel plan
     last_use: int = 0  # the structure's use count when it was last used
-    # Matched again by a gradient of ``width`` columns: later eager products of that width use it
-    # unchecked (settled_restriction) while ``changed`` has not come back true.
-    settled: bool = False
-    changed: _LateFlag | None = None  # whether the last unchecked gradient's rows differed from ``live``
+    # Host-checked calls in a row at ``width`` that found ``live`` (the build counts as one); from
+    # SETTLE_CALLS on, eager products of that width use it unchecked (settled_restriction).
+    streak: int = 0
+    changed: _LateFlag | None = None  # whether an unchecked gradient's rows differed from ``live``
 
 
 class _LateFlag:
@@ -117,7 +120,7 @@ class _LateFlag:
             self._host = torch.empty(1, dtype=torch.bool, pin_memory=True)
             self._host.copy_(flag.reshape(1), non_blocking=True)
             self._event = torch.cuda.Event()
-            self._event.record()
+            self._event.record(torch.cuda.current_stream(flag.device))  # the copy's stream
         else:
             self._host, self._event = flag.reshape(1), None
 
@@ -141,26 +144,32 @@ class KeptSets:
     uses: int = 0
     misses: int = 0
     builds: int = 0
-    hits: int = 0
+    hits: int = 0  # uses whose rows were compared on the host and matched
+    unchecked: int = 0  # uses of a settled restriction, rows not compared on the host
     build_s: float = 0.0  # time spent building (timed_build)
-    calls: int = 0  # products that asked for a restriction (restrict_to_live_rows)
+    calls: int = 0  # products that asked for a restriction (restrict_to_live_rows, settled_restriction)
     # gradient width -> ``calls`` when a gradient of that width was last seen with too many live
-    # rows: for DENSE_CALLS calls after that, a captured product of that width runs in full (a
-    # layer of that width whose gradient is dense shares the graph)
+    # rows: for DENSE_CALLS calls after that, a captured or unchecked product of that width runs in
+    # full (a layer of that width whose gradient is dense shares the graph)
     dense_at: dict = field(default_factory=dict)
 
     def dense_lately(self, width: int) -> bool:
         return self.calls - self.dense_at.get(width, -DENSE_CALLS) < DENSE_CALLS
 
-    def record(self, item, built: bool) -> None:
-        """Counts a use of ``item`` (a kept one, or one just built) and moves it to the front."""
+    def record(self, item, built: bool, checked: bool = True) -> None:
+        """Counts a use of ``item`` (a kept one, or one just built) and moves it to the front;
+        ``checked=False``: a kept one used without comparing the rows (not a hit: they may
+        differ)."""
         if built:
             self.misses = self.misses + 1 if self.kept else 0
             self.builds += 1
             del self.kept[(MAX_KEPT if self.max_kept is None else self.max_kept) - 1:]  # least recently used go
         else:
-            self.hits += 1
-            self.misses = 0
+            if checked:
+                self.hits += 1
+                self.misses = 0
+            else:
+                self.unchecked += 1
             self.kept.remove(item)
         self.kept.insert(0, item)
         self.uses += 1
@@ -168,14 +177,14 @@ class KeptSets:
         self.kept = [k for k in self.kept if self.uses - k.last_use < STALE_USES]
 
     def counts(self) -> dict:
-        return {"builds": self.builds, "hits": self.hits, "misses": self.misses, "kept": len(self.kept),
-                "build_s": self.build_s}
+        return {"builds": self.builds, "hits": self.hits, "unchecked": self.unchecked, "misses": self.misses,
+                "kept": len(self.kept), "build_s": self.build_s}
 
 
 def stats(col: torch.Tensor) -> dict:
     """How the structure with column array ``col`` (``A^T``'s in the backward pass of
-    :func:`fgplugin.spmm`) fared: builds, hits, misses, restrictions kept, and the live rows of
-    the one used last (for tests and benchmarks)."""
+    :func:`fgplugin.spmm`) fared: builds, hits, unchecked uses, misses, restrictions kept, and the
+    live rows of the one used last (for tests and benchmarks)."""
     entry = _restrictions.get(col, KeptSets())
     return {**entry.counts(), "live_rows": int(entry.kept[0].live.sum()) if entry.kept else None}
 
@@ -265,26 +274,29 @@ def settled_restriction(rowptr, col, values, x: torch.Tensor, block_adaptive: bo
     ``(rowptr, col, values, plan, outside)`` like :func:`captured_restriction`, whose rules it
     shares; or ``None``: then :func:`restrict_to_live_rows` decides, with its host sync.
 
-    A restriction settles when a gradient of its width matches it on the host a second time. A
-    settled one is handed out with the device flag ``outside`` (the caller runs the full product
-    where it is set), and with a second flag, whether the gradient's rows differ from it at all,
-    read on a later call once the device has computed it: where it has come back set, that call
-    goes to :func:`restrict_to_live_rows` again, which rebuilds for the new rows or settles anew.
-    So a gradient whose rows changed costs the full product on top of the restricted one until
-    the flag is read, usually the next call, and is never wrong."""
+    A restriction settles when ``SETTLE_CALLS`` host-checked calls in a row at its width found its
+    rows (its build counts as one). A settled one is handed out with the device flag ``outside``
+    (the caller runs the full product where it is set), and with a second flag, whether the
+    gradient's rows differ from it at all, read on a later call once the device has computed it
+    (while one is on its way, calls get none of their own: a lasting change is seen by the next
+    flag). Where it has come back set, the restriction is unsettled and that call goes to
+    :func:`restrict_to_live_rows`, whose host checks rebuild for new rows or settle again. So a
+    gradient whose rows changed costs the full product on top of the restricted one until the flag
+    is read, and is never wrong; two sets of rows taking turns at one width end with a restriction
+    each, which no unchecked product is handed (as for a capture)."""
     if not _may_restrict(col, x) or capturing(x):
         return None
     entry = _restrictions.get(col)
     plan_key = (values is not None, block_adaptive)
     kept = _unambiguous(entry, x.shape[1], plan_key)
-    if kept is None or not kept.settled:
+    if kept is None or kept.streak < SETTLE_CALLS:
         return None
     changed = None if kept.changed is None else kept.changed.read()
     if changed:
-        kept.settled, kept.changed = False, None
+        kept.streak, kept.changed = 0, None
         return None
     entry.calls += 1
-    entry.record(kept, built=False)
+    entry.record(kept, built=False, checked=False)
     live = nonzero_rows(x)
     if changed is not None or kept.changed is None:  # else the last flag is still on its way: it is read first
         kept.changed = _LateFlag(torch.ne(live, kept.live).any())
@@ -338,8 +350,11 @@ def _restricted(entry: KeptSets, rowptr, col, values, live, block_adaptive: bool
             kept = _Kept(live, *restrict_columns(rowptr, col, live))
     entry.record(kept, built)
     if width >= 0:
-        kept.settled = not built and kept.width == width
+        kept.streak = kept.streak + 1 if not built and kept.width == width else 1
         kept.width = width
+        for other in entry.kept:  # "in a row" at this width
+            if other is not kept and other.width == width:
+                other.streak = 0
     if x is not None and x.is_cuda:
         _check_full_product(rowptr, col, values, x)
     # the full product's kind of kernel (a float64 call runs the plain one)

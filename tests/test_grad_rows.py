@@ -107,7 +107,8 @@ def test_layers_sharing_a_graph_keep_a_restriction_each(device):
             out, scales = x_grad(adj, grad, norm=False)
             assert rel_error(out, reference(case, adj, grad, scales)) <= TOL
     stats = grad_rows.stats(transposed_col(adj))
-    assert (stats["builds"], stats["hits"], stats["misses"], stats["kept"]) == (2, 6, 0, 2)
+    # step 0 builds, step 1 matches on the host (settling both widths), steps 2-3 use them unchecked
+    assert (stats["builds"], stats["hits"], stats["unchecked"], stats["misses"], stats["kept"]) == (2, 2, 4, 0, 2)
     others = [row_sparse(n, 8, 0.1, seed=300 + i, device=device)[0] for i in range(grad_rows.MAX_KEPT - 1)]
     for grad in others:  # fills the kept list; the first layer's set is now the oldest ...
         x_grad(adj, grad, norm=False)
@@ -132,7 +133,7 @@ def test_a_restriction_unused_for_a_while_is_dropped(device):
     for _ in range(grad_rows.STALE_USES):
         x_grad(adj, last_layer, norm=False)
     stats = grad_rows.stats(transposed_col(adj))
-    assert (stats["kept"], stats["builds"], stats["hits"]) == (1, 2, grad_rows.STALE_USES)
+    assert (stats["kept"], stats["builds"], stats["hits"] + stats["unchecked"]) == (1, 2, grad_rows.STALE_USES)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -446,8 +447,9 @@ def counting_host_checks(monkeypatch) -> list:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_settled_width_skips_the_host_check(device, monkeypatch):
-    """A gradient matched twice on the host settles its width: later products of that width use
-    the restriction unchecked, with the reference's answer, counted as hits."""
+    """A gradient found with the same rows on two host checks in a row (the build and a match)
+    settles its width: later products of that width use the restriction unchecked, with the
+    reference's answer, counted as unchecked uses (not hits)."""
     case, adj = case_and_adj(device)
     grad, live = row_sparse(adj.shape[0], 8, 0.1, seed=40, device=device)
     host_checks = counting_host_checks(monkeypatch)
@@ -456,7 +458,7 @@ def test_a_settled_width_skips_the_host_check(device, monkeypatch):
         assert rel_error(out, reference(case, adj, grad, None)) <= TOL
     assert len(host_checks) == 2  # the build, then the match that settles
     stats = grad_rows.stats(transposed_col(adj))
-    assert (stats["builds"], stats["hits"], stats["live_rows"]) == (1, 4, int(live.sum()))
+    assert (stats["builds"], stats["hits"], stats["unchecked"], stats["live_rows"]) == (1, 1, 3, int(live.sum()))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -506,3 +508,27 @@ def test_a_settled_product_does_not_sync_the_host():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert rel_error(x.grad / 4, reference(case, adj, grad, None)) <= TOL
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_row_sets_taking_turns_at_one_width_get_a_restriction_each(device, monkeypatch):
+    """After a width settled on rows A, rows B and A taking turns at that width (another
+    row-sparse product appearing later) end with a restriction each, both host-checked, as
+    before the settled path: B is not left to run restricted to A plus the full product."""
+    case, adj = case_and_adj(device)
+    n = adj.shape[0]
+    a, _ = row_sparse(n, 8, 0.1, seed=46, device=device)
+    b, _ = row_sparse(n, 8, 0.1, seed=47, device=device)
+    for _ in range(3):
+        x_grad(adj, a, norm=False)
+    full_products = []
+    spmm_if = torch.ops.fgplugin.spmm_if.default
+    monkeypatch.setattr(torch.ops.fgplugin.spmm_if, "default",
+                        lambda flag, *args: full_products.append(bool(flag)) or spmm_if(flag, *args))
+    for _ in range(6):
+        for grad in (b, a):
+            out, _ = x_grad(adj, grad, norm=False)
+            assert rel_error(out, reference(case, adj, grad, None)) <= TOL
+    stats = grad_rows.stats(transposed_col(adj))
+    assert stats["builds"] == 2 and stats["kept"] == 2
+    assert sum(full_products) <= 2  # B ran in full at most until the late flag was read
