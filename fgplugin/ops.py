@@ -560,22 +560,14 @@ def _adjoint_over_live_rows(t_rowptr, t_col, t_values, t_plan, g, out_scale, row
     guarded = grad_rows.captured_restriction if capture_holds.capturing(g) else grad_rows.settled_restriction
     found = guarded(t_rowptr, t_col, t_values, g, block_adaptive)
     if found is not None:
-        return _guarded_product(found, t_rowptr, t_col, t_values, g, out_scale, row_scale, diag)
+        rowptr, col, values, plan, outside = found
+        out = csr_product(rowptr, col, values, g, out_scale, row_scale, diag, plan)
+        torch.ops.fgplugin.spmm_if.default(outside, t_rowptr, t_col, t_values, g, out_scale, row_scale, diag, out)
+        return out
     restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)  # None in a capture
     if restricted is None:
         return full()
     return csr_product(*restricted[:3], g, out_scale, row_scale, diag, restricted[3])
-
-
-def _guarded_product(found: tuple, rowptr, col, values, x, row_scale, col_scale, diag) -> torch.Tensor:
-    """The product over a restriction handed out without a look at ``x``'s rows
-    (``found``: ``(rowptr, col, values, plan, outside)`` of grad_rows.captured_restriction or
-    settled_restriction), then the full CSR's product written over it by the ``spmm_if`` op
-    where the device flag ``outside`` says ``x`` has rows the restriction leaves out."""
-    r_rowptr, r_col, r_values, plan, outside = found
-    out = csr_product(r_rowptr, r_col, r_values, x, row_scale, col_scale, diag, plan)
-    torch.ops.fgplugin.spmm_if.default(outside, rowptr, col, values, x, row_scale, col_scale, diag, out)
-    return out
 
 
 def spmm_adjoint(adj: TiledAdjacency, g: torch.Tensor, row_scale=None, col_scale=None, diag=None) -> torch.Tensor:
@@ -610,16 +602,11 @@ def spmm_skipping_zero_rows(adj: TiledAdjacency, x: torch.Tensor, row_scale=None
                             live: torch.Tensor | None = None) -> torch.Tensor:
     """``spmm(adj, x, ...)`` for a backward pass (no autograd), leaving out the columns of ``A``
     whose row of ``x`` is zero (:mod:`fgplugin.grad_rows`): with ``live=None`` where that pays by
-    the rules of the zero-row skipping (a settled width without a host sync, as in the eager
-    backward of :func:`spmm`), given the bool mask ``live`` of ``x``'s non-zero rows always. The
-    distributed backward multiplies its blocks with the gradient this way."""
+    the rules of the zero-row skipping, given the bool mask ``live`` of ``x``'s non-zero rows
+    always. The distributed backward multiplies its blocks with the gradient this way."""
     args, features = op_args(adj, x, row_scale, col_scale, diag, False, "fgplugin.spmm")
     block_adaptive = args.plan is not None
     if live is None:
-        found = grad_rows.settled_restriction(args.rowptr, args.col, args.values, args.x, block_adaptive)
-        if found is not None:
-            return _cut(_guarded_product(found, args.rowptr, args.col, args.values, args.x, args.row_scale,
-                                         args.col_scale, args.diag), features)
         restricted = grad_rows.restrict_to_live_rows(args.rowptr, args.col, args.values, args.x, block_adaptive)
     else:
         restricted = grad_rows.restricted(args.rowptr, args.col, args.values, live, block_adaptive)

@@ -533,24 +533,3 @@ def test_two_row_sets_taking_turns_at_one_width_get_a_restriction_each(device, m
     stats = grad_rows.stats(transposed_col(adj))
     assert stats["builds"] == 2 and stats["kept"] == 2
     assert sum(full_products) <= 2  # B ran in full at most until the late flag was read
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_spmm_skipping_zero_rows_settles_like_the_backward(device, monkeypatch):
-    """The distributed backward's block products (spmm_skipping_zero_rows, live=None) take the
-    settled path too: two host checks, then unchecked uses with the float64 product's answer; an
-    x with rows outside is still multiplied right."""
-    from fgplugin.ops import spmm_skipping_zero_rows
-
-    case, adj = case_and_adj(device, weighted=True, seed=5)
-    x, _ = row_sparse(adj.shape[1], 8, 0.1, seed=48, device=device)
-    other, _ = row_sparse(adj.shape[1], 8, 0.1, seed=49, device=device)
-    r, c, d = adj.norm("gcn")
-    host_checks = counting_host_checks(monkeypatch)
-    with torch.no_grad():
-        for t in (x, x, x, x, other, other):
-            out = spmm_skipping_zero_rows(adj, t, r, c, d)
-            assert rel_error(out, dense_spmm(case.dense(), t.double(), r, c, d)) <= TOL
-    stats = grad_rows.stats(adj.col)
-    assert len(host_checks) == 3 and stats["unchecked"] == 3  # x: 2 checks, 2 unchecked; other: 1 unchecked, 1 check
-    assert stats["builds"] == 2
