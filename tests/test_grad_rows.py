@@ -51,6 +51,14 @@ def reference(case, adj, grad, scales):
     return dense_spmm(case.dense().T, grad.double(), c, r, d)
 
 
+def counting_host_checks(monkeypatch) -> list:
+    """Counts the calls of restrict_to_live_rows, the path that looks at the gradient's rows on the host."""
+    calls = []
+    restrict = grad_rows.restrict_to_live_rows
+    monkeypatch.setattr(grad_rows, "restrict_to_live_rows", lambda *args: calls.append(1) or restrict(*args))
+    return calls
+
+
 def transposed_col(adj):
     return adj.transpose()[1]
 
@@ -313,10 +321,7 @@ def test_skipping_applies_to_a_product_with_an_epilogue(monkeypatch):
     case = random_graph_case(31, n_src=300, avg_degree=5.0)
     adj = case.adjacency()
     r, c, d = adj.norm("gcn")
-    restricted = []
-    restrict = grad_rows.restrict_to_live_rows
-    monkeypatch.setattr(grad_rows, "restrict_to_live_rows",
-                        lambda *args: restricted.append(1) or restrict(*args))
+    restricted = counting_host_checks(monkeypatch)
     g = torch.Generator().manual_seed(32)
     x = torch.randn(300, 8, generator=g, dtype=torch.float64, requires_grad=True)
     b = torch.randn(7, generator=g, dtype=torch.float64, requires_grad=True)
@@ -435,14 +440,6 @@ def test_holds_go_to_this_threads_collection_and_nest():
         capture_holds.hold(inner)
     assert not any(h is marker for h in held) and sum(h is inner for h in held) == 2
     assert capture_holds.collection() is None
-
-
-def counting_host_checks(monkeypatch) -> list:
-    """Counts the calls of restrict_to_live_rows, the path that looks at the gradient's rows on the host."""
-    calls = []
-    restrict = grad_rows.restrict_to_live_rows
-    monkeypatch.setattr(grad_rows, "restrict_to_live_rows", lambda *args: calls.append(1) or restrict(*args))
-    return calls
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -183,13 +183,12 @@ _selected: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 def _selected_rows(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The ids of the rows ``mask`` selects, on ``device``."""
-    if mask.is_inference():  # no version counter to tell a change by
-        return mask.nonzero().squeeze(1).to(device)
-    kept = _selected.get(mask)
+    versioned = not mask.is_inference()  # an inference tensor has no version counter to tell a change by
+    kept = _selected.get(mask) if versioned else None
     if kept is not None and kept[:2] == (mask._version, device):
         return kept[2]
     rows = mask.nonzero().squeeze(1).to(device)
-    if not torch.is_inference_mode_enabled():  # an inference index: no later training step could save it
+    if versioned and not torch.is_inference_mode_enabled():  # an inference index: no later training step could save it
         _selected[mask] = (mask._version, device, rows)
     return rows
 
