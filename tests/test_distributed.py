@@ -315,7 +315,7 @@ def _four_ranks(rank, world, path, configs, tmpdir):
 
 def _train_each(data, configs, evaluate):
     """{config: (final weights, final loss, accuracies or None, stats of the zero-row skipping
-    (exchange, own block))} after EPOCHS epochs of each config."""
+    (exchange, own block), the blocks' thresholds)} after EPOCHS epochs of each config."""
     out = {}
     for replication, comm, perm_kind in configs:
         trainer = _trainer(data, replication, comm, perm_kind)
@@ -325,7 +325,8 @@ def _train_each(data, configs, evaluate):
         own = graph.blocks.get(graph.ctx.block)
         skipping = graph.live_rows.stats(), None if own is None else grad_rows.stats(own.adj.col)
         accuracies = trainer.evaluate() if evaluate else None
-        out[(replication, comm, perm_kind)] = (_weights(trainer), stats["loss"], accuracies, skipping)
+        thresholds = {b.adj.threshold for b in graph._all_blocks()}
+        out[(replication, comm, perm_kind)] = (_weights(trainer), stats["loss"], accuracies, skipping, thresholds)
     return out
 
 
@@ -473,6 +474,9 @@ def test_four_ranks_1d_and_15d_match_single_process(four_ranks, reference):
                 (rank, config, exchange)
             assert exchange["live_rows"] == 140  # cora's training nodes
             assert own is None or own["hits"] >= EPOCHS - 1, (rank, config, own)
+            # Every block, own and remote, is probed on its rank as any TiledAdjacency is (on the
+            # CPU "auto" is the fixed default, so the results above do not depend on it).
+            assert out[config][4] == {"auto"}, (rank, config, out[config][4])
     accs = ranks[0][configs[0]][2]
     assert set(accs) == {"train_acc", "val_acc", "test_acc"} and accs["train_acc"] > 0.5
     for rank, out in ranks.items():  # resumed after 5 epochs == 10 straight epochs
