@@ -61,8 +61,8 @@ def main() -> int:
             for comm, wire in (("sparse", None), ("broadcast", None), ("sparse", torch.bfloat16),
                                ("broadcast", torch.bfloat16)):
                 ctx = ShardingContext(replication, comm=comm, comm_dtype=wire)
-                # A fixed threshold: "auto" gives blocks this small no dense tiles, and the
-                # padding-row case below needs them.
+                # The fixed threshold (the default on several ranks), given so that the padding-row
+                # case below keeps its dense tiles: "auto" gives blocks this small none.
                 graph = ShardedGraph.from_edge_index(ctx, edges.to(device), n, norm="gcn", threshold=DEFAULT_THRESHOLD)
                 h_local = graph.rows(h).requires_grad_()
                 out = dist_spmm(graph, h_local)

@@ -25,6 +25,7 @@ from fgplugin.distributed import (DistGCN, DistributedTrainer, RankFailureError,
                                   ShardingContext, dist_spmm, relative_error)
 from fgplugin.distributed.sharding import AUTO_SPARSE_MAX_SHARE
 from fgplugin.reorder import reorder
+from fgplugin.tile_density import DEFAULT_THRESHOLD
 
 EPOCHS, LR, HIDDEN, SEED = 10, 0.01, 16, 0
 DTYPE = torch.float64
@@ -474,9 +475,8 @@ def test_four_ranks_1d_and_15d_match_single_process(four_ranks, reference):
                 (rank, config, exchange)
             assert exchange["live_rows"] == 140  # cora's training nodes
             assert own is None or own["hits"] >= EPOCHS - 1, (rank, config, own)
-            # Every block, own and remote, is probed on its rank as any TiledAdjacency is (on the
-            # CPU "auto" is the fixed default, so the results above do not depend on it).
-            assert out[config][4] == {"auto"}, (rank, config, out[config][4])
+            # Several row blocks keep the fixed threshold (sharding.py says why).
+            assert out[config][4] == {DEFAULT_THRESHOLD}, (rank, config, out[config][4])
     accs = ranks[0][configs[0]][2]
     assert set(accs) == {"train_acc", "val_acc", "test_acc"} and accs["train_acc"] > 0.5
     for rank, out in ranks.items():  # resumed after 5 epochs == 10 straight epochs
@@ -533,6 +533,21 @@ def test_two_ranks_refuse_different_graphs_then_match(cora_path, reference):
         assert raised is not None and "different graphs" in raised and "num_edges" in raised, (rank, raised)
     ref, ref_loss = reference
     _check_equal({r: {"p2": v[1]} for r, v in ranks.items()}, ref, ref_loss, ["p2"])
+
+
+def _block_thresholds(rank, world, path):
+    data = _cora(path)
+    defaults = ShardedGraph.from_edge_index(ShardingContext(1), data.edge_index, data.num_nodes)
+    given = ShardedGraph.from_edge_index(ShardingContext(1), data.edge_index, data.num_nodes, threshold=0.1)
+    return [{b.adj.threshold for b in g._all_blocks()} for g in (defaults, given)]
+
+
+def test_one_rank_probes_its_block_threshold(cora_path):
+    """On one rank nothing overlaps the block's product, so it takes the probe ("auto", as any
+    TiledAdjacency; several ranks keep the fixed threshold: test_four_ranks_1d_and_15d_...); a
+    threshold given is used as given."""
+    (defaults, given), = _ok(_launch(1, _block_thresholds, cora_path), 1).values()
+    assert defaults == {"auto"} and given == {0.1}
 
 
 def _one_rank_dies(rank, world, path):

@@ -50,6 +50,7 @@ from torch.autograd.function import once_differentiable
 
 from ..normalization import scales_of_degrees
 from ..ops import padded_width, spmm, spmm_skipping_zero_rows
+from ..tile_density import DEFAULT_THRESHOLD
 from ..tiling import TiledAdjacency
 from .context import COMM_MODES, BlockLayout, ShardingContext, all_gather_into
 from .live_rows import LiveRowExchange, compact_product
@@ -150,7 +151,7 @@ class ShardedGraph:
     def from_edge_index(cls, ctx: ShardingContext, edge_index, num_nodes: int, *, perm: torch.Tensor | None = None,
                         norm: str = "gcn", improved: bool = False, add_self_loops: bool = True,
                         replace_loops: bool = False, tile_size: int = 32,
-                        threshold: float | str = "auto", extra_fingerprint=(),
+                        threshold: float | str | None = None, extra_fingerprint=(),
                         scale_dtype: torch.dtype = torch.float32) -> "ShardedGraph":
         r"""Shard a graph given as a global ``edge_index`` ``[2, E]`` (row 0 source, row 1 target).
 
@@ -173,12 +174,9 @@ class ShardedGraph:
                 and ``GCNConv(add_self_loops=False)``'s normalization).
             replace_loops: GCN replacing each node's self loops by one (PyG's ``GCNConv`` on an
                 unweighted ``edge_index``: duplicate loops count once) instead of keeping them.
-            tile_size, threshold: tile plan options of the blocks. ``"auto"`` (the default, as for
-                a :class:`~fgplugin.TiledAdjacency`) probes each block's dense-tile threshold on
-                its rank when the block's first plan is built. A fixed 5% put the own block of
-                products-like (community order) into dense tiles that made a one-rank epoch 6%
-                slower on an H100; on two ranks, where that product overlaps the exchange, it
-                made no difference.
+            tile_size, threshold: tile plan options of the blocks. ``None`` (the default):
+                ``"auto"`` (the probe of a :class:`~fgplugin.TiledAdjacency`) where the graph
+                has one row block (one rank), else the fixed 5%.
             extra_fingerprint: ints that must also agree between ranks (e.g. feature width).
             scale_dtype: of the normalization's scales: float32 (the kernels' type for float32
                 and 16-bit features), or float64 for float64 features.
@@ -271,6 +269,13 @@ class ShardedGraph:
         diag_own = None if diag is None else diag[own].contiguous()
 
         blocks, others, compact = {}, [], {}
+        if threshold is None:
+            # The probe times a product alone, which is an epoch's measure only where nothing
+            # overlaps it. On one rank its choice (no dense tiles) made products-like's epoch 6%
+            # faster than the fixed 5% (H100); on four ranks, where the own block's product
+            # overlaps the exchange, the same choice made it 4.6-6.4% slower in two of three
+            # same-lease A/Bs (H200s; archaea-like's 2-3% faster). docs/results.md section 39.
+            threshold = "auto" if ctx.num_blocks == 1 else DEFAULT_THRESHOLD
         options = dict(tile_size=tile_size, threshold=threshold)
         for j in ctx.col_blocks:
             sj, nj = layout.start(j), layout.size(j)
