@@ -539,13 +539,15 @@ def _block_thresholds(rank, world, path):
     data = _cora(path)
     defaults = ShardedGraph.from_edge_index(ShardingContext(1), data.edge_index, data.num_nodes)
     given = ShardedGraph.from_edge_index(ShardingContext(1), data.edge_index, data.num_nodes, threshold=0.1)
+    with pytest.raises(ValueError, match="threshold"):
+        ShardedGraph.from_edge_index(ShardingContext(1), data.edge_index, data.num_nodes, threshold=1.5)
     return [{b.adj.threshold for b in g._all_blocks()} for g in (defaults, given)]
 
 
-def test_one_rank_probes_its_block_threshold(cora_path):
-    """On one rank nothing overlaps the block's product, so it takes the probe ("auto", as any
-    TiledAdjacency; several ranks keep the fixed threshold: test_four_ranks_1d_and_15d_...); a
-    threshold given is used as given."""
+def test_one_rank_blocks_default_to_auto(cora_path):
+    """On one rank nothing overlaps the block's product, so its default is "auto" (the probe on a
+    GPU, as any TiledAdjacency's; several ranks keep the fixed threshold:
+    test_four_ranks_1d_and_15d_...); a threshold given is used as given, and a bad one refused."""
     (defaults, given), = _ok(_launch(1, _block_thresholds, cora_path), 1).values()
     assert defaults == {"auto"} and given == {0.1}
 

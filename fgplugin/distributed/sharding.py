@@ -52,6 +52,7 @@ from ..normalization import scales_of_degrees
 from ..ops import padded_width, spmm, spmm_skipping_zero_rows
 from ..tile_density import DEFAULT_THRESHOLD
 from ..tiling import TiledAdjacency
+from ..validation import check_tile_options
 from .context import COMM_MODES, BlockLayout, ShardingContext, all_gather_into
 from .live_rows import LiveRowExchange, compact_product
 
@@ -174,9 +175,12 @@ class ShardedGraph:
                 and ``GCNConv(add_self_loops=False)``'s normalization).
             replace_loops: GCN replacing each node's self loops by one (PyG's ``GCNConv`` on an
                 unweighted ``edge_index``: duplicate loops count once) instead of keeping them.
-            tile_size, threshold: tile plan options of the blocks. ``None`` (the default):
-                ``"auto"`` (the probe of a :class:`~fgplugin.TiledAdjacency`) where the graph
-                has one row block (one rank), else the fixed 5%.
+            tile_size, threshold: tile plan options of the blocks, checked before any
+                collective. ``None`` (the default): ``"auto"`` where the graph has one row
+                block (one rank; as for a :class:`~fgplugin.TiledAdjacency`, its products may
+                then also run on cuSPARSE), else the fixed 5%. A threshold given is used as
+                given; ``"auto"`` on several ranks lets each rank choose for its own blocks
+                during its first products (a device sync there, once).
             extra_fingerprint: ints that must also agree between ranks (e.g. feature width).
             scale_dtype: of the normalization's scales: float32 (the kernels' type for float32
                 and 16-bit features), or float64 for float64 features.
@@ -188,6 +192,9 @@ class ShardedGraph:
         """
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        # Here, on every rank alike: a rank of 1.5D with no own block builds no adjacency before
+        # its first collective, and would wait there for ranks that raised.
+        check_tile_options(tile_size, DEFAULT_THRESHOLD if threshold is None else threshold)
         device, n = ctx.device, int(num_nodes)
         layout = BlockLayout(n, ctx.num_blocks)
         g, s = ctx.block, layout.start(ctx.block)
