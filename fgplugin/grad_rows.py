@@ -284,7 +284,7 @@ def settled_restriction(rowptr, col, values, x: torch.Tensor, block_adaptive: bo
     gradient whose rows changed costs the full product on top of the restricted one until the flag
     is read, and is never wrong; two sets of rows taking turns at one width end with a restriction
     each, which no unchecked product is handed (as for a capture)."""
-    if not _may_restrict(col, x) or capturing(x):
+    if not _may_restrict(col, x):  # never called in a capture: the caller takes captured_restriction there
         return None
     entry = _restrictions.get(col)
     plan_key = (values is not None, block_adaptive)

@@ -557,14 +557,17 @@ def _adjoint_over_live_rows(t_rowptr, t_col, t_values, t_plan, g, out_scale, row
     An eager product whose width has settled on a restriction uses it the same way, without a
     host sync (fgplugin.grad_rows.settled_restriction)."""
     block_adaptive = t_plan is not None
-    guarded = grad_rows.captured_restriction if capture_holds.capturing(g) else grad_rows.settled_restriction
+    capturing = capture_holds.capturing(g)
+    guarded = grad_rows.captured_restriction if capturing else grad_rows.settled_restriction
     found = guarded(t_rowptr, t_col, t_values, g, block_adaptive)
     if found is not None:
         rowptr, col, values, plan, outside = found
         out = csr_product(rowptr, col, values, g, out_scale, row_scale, diag, plan)
         torch.ops.fgplugin.spmm_if.default(outside, t_rowptr, t_col, t_values, g, out_scale, row_scale, diag, out)
         return out
-    restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)  # None in a capture
+    if capturing:  # the host check below would sync
+        return full()
+    restricted = grad_rows.restrict_to_live_rows(t_rowptr, t_col, t_values, g, block_adaptive)
     if restricted is None:
         return full()
     return csr_product(*restricted[:3], g, out_scale, row_scale, diag, restricted[3])

@@ -192,9 +192,16 @@ class ShardedGraph:
         """
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if threshold is None:
+            # The probe times a product alone, which is an epoch's measure only where nothing
+            # overlaps it. On one rank its choice (no dense tiles) made products-like's epoch 6%
+            # faster than the fixed 5% (H100); on four ranks, where the own block's product
+            # overlaps the exchange, the same choice made it 4.6-6.4% slower in two of three
+            # same-lease A/Bs (H200s; archaea-like's 2-3% faster). docs/results.md section 39.
+            threshold = "auto" if ctx.num_blocks == 1 else DEFAULT_THRESHOLD
         # Here, on every rank alike: a rank of 1.5D with no own block builds no adjacency before
         # its first collective, and would wait there for ranks that raised.
-        check_tile_options(tile_size, DEFAULT_THRESHOLD if threshold is None else threshold)
+        check_tile_options(tile_size, threshold)
         device, n = ctx.device, int(num_nodes)
         layout = BlockLayout(n, ctx.num_blocks)
         g, s = ctx.block, layout.start(ctx.block)
@@ -276,13 +283,6 @@ class ShardedGraph:
         diag_own = None if diag is None else diag[own].contiguous()
 
         blocks, others, compact = {}, [], {}
-        if threshold is None:
-            # The probe times a product alone, which is an epoch's measure only where nothing
-            # overlaps it. On one rank its choice (no dense tiles) made products-like's epoch 6%
-            # faster than the fixed 5% (H100); on four ranks, where the own block's product
-            # overlaps the exchange, the same choice made it 4.6-6.4% slower in two of three
-            # same-lease A/Bs (H200s; archaea-like's 2-3% faster). docs/results.md section 39.
-            threshold = "auto" if ctx.num_blocks == 1 else DEFAULT_THRESHOLD
         options = dict(tile_size=tile_size, threshold=threshold)
         for j in ctx.col_blocks:
             sj, nj = layout.start(j), layout.size(j)
