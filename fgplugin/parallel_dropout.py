@@ -74,6 +74,10 @@ class Dropout(torch.nn.Dropout):
 @torch.jit.unused
 def _dropout_unscripted(input: torch.Tensor, p: float, training: bool, inplace: bool) -> torch.Tensor:
     # TorchScript compiles only the scripted branch of Dropout.forward; this one stays Python.
+    if type(input) is torch.Tensor and input.device.type != "cpu":
+        # torch's dropout at once, without dropout()'s checks, which would send it there anyway:
+        # on a small graph an eager CUDA step is bound by host time (an fx Proxy is no Tensor)
+        return F.dropout(input, p, training, inplace)
     return dropout(input, p, training, inplace)
 
 

@@ -178,6 +178,12 @@ def test_cuda_uses_torch_dropout():
     expected = F.dropout(x, 0.5)
     torch.manual_seed(5)
     assert torch.equal(fgplugin.dropout(x, 0.5), expected)
+    module = fgplugin.Dropout(0.5)  # its forward takes torch's dropout at once on CUDA
+    torch.manual_seed(5)
+    assert torch.equal(module(x), expected) and module.eval()(x) is x
+    y = x.clone()
+    torch.manual_seed(5)
+    assert fgplugin.Dropout(0.5, inplace=True)(y) is y and torch.equal(y, expected)
 
 
 def _drop_rate(y: torch.Tensor) -> float:
