@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounter
 
 import fgplugin
-from fgplugin import _extension
+from fgplugin import _extension, parallel_dropout
 
 pytestmark = pytest.mark.skipif(not _extension.status.loaded,
                                 reason="fgplugin's C++ extension did not build here; dropout falls back to torch's")
@@ -187,6 +187,19 @@ def test_cuda_uses_torch_dropout():
     torch.manual_seed(5)
     fgplugin.Dropout(0.5, inplace=True)(y)
     assert torch.equal(y, expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_module_skips_the_functionals_checks(monkeypatch):
+    # the module's CUDA route is the host time it saves: it must not go through dropout() first
+    def refuse(*args, **kwargs):
+        raise AssertionError("fgplugin.dropout() called for a CUDA tensor")
+
+    monkeypatch.setattr(parallel_dropout, "dropout", refuse)
+    x = torch.randn(64, 16, device="cuda")
+    assert 0.3 < _drop_rate(fgplugin.Dropout(0.5)(x)) < 0.7
+    with pytest.raises(AssertionError):  # the CPU route still calls it
+        fgplugin.Dropout(0.5)(x.cpu())
 
 
 def _drop_rate(y: torch.Tensor) -> float:
