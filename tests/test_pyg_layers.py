@@ -1,6 +1,7 @@
 """fgplugin.pyg layers against the stock PyG layers: outputs and gradients, every input kind,
 caching, errors, torch.compile, TorchScript, convert() and patch()."""
 import gc
+import re
 import sys
 import types
 
@@ -409,6 +410,33 @@ def test_rejected_inputs_raise_as_stock(make, args):
         make(fp.GCNConv)(x, *args(ei, n))
     with pytest.raises(ValueError, match="tuple"):
         fp.GCNConv(8, 6)((x, x), ei)
+
+
+@pytest.mark.parametrize("config, make", [("gcn", lambda cls: cls(8, 6)), ("sg", lambda cls: cls(8, 6, K=2)),
+                                          ("lg", lambda cls: cls()), ("sage", lambda cls: cls(8, 6))])
+def test_an_edge_index_sized_for_other_features_raises_as_stock(config, make, monkeypatch):
+    """An ``EdgeIndex``'s ``sparse_size`` counts the graph's nodes: features for fewer (the last
+    nodes isolated, so every id is in range) are refused as by the stock layer, not aggregated into
+    an output with the wrong number of rows; other sizes do what stock does with them; a size left
+    unknown is served."""
+    ei, w, n = graph_case("path")
+    x = torch.randn(n, 8)
+    stock, ours = make_pair(config, make)
+    with pytest.raises(ValueError) as stock_error:
+        stock(x, EdgeIndex(ei, sparse_size=(n + 5, n + 5)))
+    with pytest.raises(ValueError, match=re.escape(str(stock_error.value))):
+        ours(x, EdgeIndex(ei, sparse_size=(n + 5, n + 5)))
+    for size in ((n, n + 5), (n + 5, n)):
+        try:
+            want = stock(x, EdgeIndex(ei, sparse_size=size))
+        except ValueError as err:
+            with pytest.raises(ValueError, match=re.escape(str(err))):
+                ours(x, EdgeIndex(ei, sparse_size=size))
+        else:
+            assert rel_err(ours(x, EdgeIndex(ei, sparse_size=size)), want) < TOL
+    monkeypatch.setattr(FgpluginLayer, "_stock_forward", lambda *args: pytest.fail("took the stock path"))
+    for size in ((n, None), (None, n)):
+        assert rel_err(ours(x, EdgeIndex(ei, sparse_size=size)), stock(x, EdgeIndex(ei, sparse_size=size))) < TOL
 
 
 def test_nan_weights_propagate_as_in_stock():

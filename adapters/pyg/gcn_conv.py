@@ -22,7 +22,9 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
     graph may also be a :class:`fgplugin.TiledAdjacency`. With ``cached=True`` the layer keeps its
     aggregation (adjacency and scales) in ``_cached_edge_index`` (``_cached_adj_t`` for a
     ``SparseTensor``) on the first call and, like the stock layer, ignores the graphs of later
-    calls; a ``TiledAdjacency`` carries its own cache and is always used as given. The
+    calls (unlike it, features with another number of nodes than the kept graph's are refused, with
+    the way to reset the cache, where the stock layer aggregates over the kept graph regardless or
+    fails inside its scatter); a ``TiledAdjacency`` carries its own cache and is always used as given. The
     aggregation and its shortcuts are fgplugin.aggregation's. Hooks, explain mode and inputs
     fgplugin cannot serve run the stock code.
     """

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric import EdgeIndex
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptPairTensor, Size
 
@@ -69,8 +68,6 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
     def _aggregation(self, pair, edge_index, size: Size):
         n_src, n_dst = pair[0].size(self.node_dim), self._num_dst(pair, size)
         if n_dst is None:
-            return None
-        if isinstance(edge_index, EdgeIndex) and edge_index.sparse_size() not in ((None, None), (n_src, n_dst)):
             return None
         # The stock mean ignores a SparseTensor's values but weighs torch.sparse messages.
         return make_aggregation(edge_index, None, n_src, n_dst, self.flow == "target_to_source", MEAN,
