@@ -721,6 +721,9 @@ def _as_aux(t, name, length, aux, device):
                          f"{getattr(t, 'shape', type(t).__name__)}")
     if t.device != device:
         raise ValueError(f"fgplugin.spmm: {name} is on {t.device} but x is on {device}")
+    if t.dtype.is_complex:  # the cast below would drop its imaginary part
+        raise ValueError(f"fgplugin.spmm: {name} is {t.dtype}; fgplugin computes with real numbers: pass a real "
+                         f"{name}")
     return t if t.dtype == aux else t.to(aux)
 
 

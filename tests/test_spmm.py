@@ -642,6 +642,9 @@ def test_bias_and_width_errors_name_the_problem():
         fgplugin.spmm(adj, x, bias=torch.zeros(6), width=4)
     with pytest.raises(ValueError, match="bias must be a 1-D tensor of length 6"):
         fgplugin.spmm(adj, x, bias=torch.zeros(2, 3))
+    for name in ("row_scale", "col_scale", "diag", "bias"):  # a cast to the real dtype would drop the imaginary part
+        with pytest.raises(ValueError, match=f"{name} is torch.complex64; fgplugin computes with real numbers"):
+            fgplugin.spmm(adj, x, **{name: torch.ones(20 if name != "bias" else 6, dtype=torch.complex64)})
     if fgplugin.extension_status().loaded:  # the op's own checks, for callers that bypass fgplugin.spmm
         with pytest.raises(RuntimeError, match="width must be -1"):
             torch.ops.fgplugin.spmm(adj.rowptr, adj.col, None, x, None, None, None, None, [], None, None, None, None,
