@@ -1,9 +1,11 @@
 """Every setting of fgplugin that comes from the environment, read here and nowhere else.
 
-The on/off switches are read once, at import, into :data:`settings`; change them at run time
-with the ``set_*`` functions below (each returns the previous value). The folders and the
-collective timeout are read when they are used, so a script may set them after importing
-fgplugin. :func:`table` renders the list for the documentation (docs/design.md, "Configuration").
+The switches are read once, at import, into :data:`settings` (``0`` / ``1``, or true/false,
+on/off, yes/no; anything else is an error); change them at run time with the ``set_*`` functions
+below (each returns the previous value). The data folder, the preprocessing cache's folder and
+the collective timeout are read when they are used, so a script may set them after importing
+fgplugin; the compiled kernels' folder (``FGPLUGIN_CACHE_DIR``) must be set before the import,
+which builds and loads them. :func:`table` renders the list for the documentation (docs/design.md, "Configuration").
 """
 from __future__ import annotations
 
@@ -49,11 +51,6 @@ VARIABLES = (
 )
 
 
-def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    return default if value is None or value == "" else value != "0"
-
-
 MODES = ("auto", "0", "1")
 _SPELLINGS = {"true": "1", "on": "1", "yes": "1", "false": "0", "off": "0", "no": "0"}
 
@@ -73,6 +70,19 @@ def _mode_from_env(name: str) -> str:
     if mode is None:
         raise ValueError(f"{name} must be auto, 0 or 1, got {value!r}; unset it for auto")
     return mode
+
+
+def _flag(name: str, default: bool) -> bool:
+    """An on/off switch: ``0`` / ``1`` or a common spelling of one (true/false, on/off, yes/no);
+    unset or empty gives ``default``. Anything else is an error: read as "on", ``false`` would
+    have left a cache on or switched the kernels off."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    mode = mode_of(value)
+    if mode not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}; unset it for {int(default)}")
+    return mode == "1"
 
 
 @dataclass

@@ -51,3 +51,18 @@ def test_three_way_switches_are_read_and_checked(name, field):
     env = {**os.environ, name: "sometimes"}
     out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode != 0 and f"{name} must be auto, 0 or 1" in out.stderr
+
+
+@pytest.mark.parametrize("name, field, default", [("FGPLUGIN_INPUT_CACHE", "input_cache", True),
+                                                  ("FGPLUGIN_SKIP_ZERO_ROWS", "skip_zero_rows", True)])
+def test_on_off_switches_take_the_same_spellings_and_refuse_others(name, field, default):
+    """0 / 1 and true/false, on/off, yes/no; unset or empty is the default; anything else is an
+    error at import (``false`` read as "on" left the cache on)."""
+    read = f"import fgplugin; print(fgplugin.config.settings.{field})"
+    for value, expected in (("0", False), ("false", False), ("Off", False), ("1", True), ("yes", True), ("", default)):
+        env = {**os.environ, name: value}
+        out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0 and out.stdout.strip() == str(expected), (value, out.stderr[-2000:])
+    env = {**os.environ, name: "2"}
+    out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode != 0 and f"{name} must be 0 or 1, got '2'" in out.stderr
