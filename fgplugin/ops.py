@@ -463,15 +463,16 @@ def spmm(adj: TiledAdjacency, x: torch.Tensor, row_scale=None, col_scale=None, d
         diag (Tensor or float, optional): self-loop weight per node (``[min(num_dst, num_src)]``),
             or one float for every node.
         bias (Tensor, optional): ``[width]`` (``[F]`` without ``width``), added to every row of
-            the result. On CUDA the kernels add it in their output pass, which saves a pass over
-            the result (a layer's bias add).
+            the result. The block-adaptive CUDA kernels add it in their output pass, which saves a
+            pass over the result (a layer's bias add).
         width (int, optional): keep only the first ``width`` columns of the result, cut in the
             same pass: for a caller that padded ``x`` with zero columns to a whole number of
             16-byte vectors, which the CUDA kernels read faster.
 
     ``fgplugin.spmm(adj, x, *adj.norm("gcn"))`` is a GCN aggregation. Differentiable in ``x``,
     the edge weights ``adj.values``, the scales, ``diag`` and ``bias`` (twice, too); works under
-    ``torch.compile(fullgraph=True)``. Returns ``[num_dst, width or F]`` in the dtype of ``x``.
+    ``torch.compile(fullgraph=True)``. Returns ``[num_dst, width or F]`` in the dtype of ``x`` (under
+    ``torch.autocast``, the autocast dtype).
     """
     prepared = repeated_calls.find(adj, x, row_scale, col_scale, diag, bias, width)
     if prepared is not None:  # a call like an earlier one: its checks and choices hold (fgplugin.repeated_calls)

@@ -21,7 +21,8 @@ library is missing or cannot run on the device); one named in --impls that canno
 failed row.
 
 Results: ``<out>/<suite>.json`` (``--name`` for another stem; the spmm suite also writes
-``threshold.json``), a markdown table ``.md`` and a plot ``.png`` (with matplotlib) in ``--out``
+``threshold.json``), a markdown table ``.md`` and, for epoch, accuracy and reorder, a plot ``.png`` (with
+matplotlib) in ``--out``
 (default ./bench_results). ``commit`` in the JSON is ``--commit``, else $FGPLUGIN_COMMIT, else
 null; ``fgplugin_version`` is the installed fgplugin's.
 
