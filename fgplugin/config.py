@@ -5,7 +5,8 @@ on/off, yes/no; anything else is an error); change them at run time with the ``s
 below (each returns the previous value). The data folder, the preprocessing cache's folder and
 the collective timeout are read when they are used, so a script may set them after importing
 fgplugin; the compiled kernels' folder (``FGPLUGIN_CACHE_DIR``) must be set before the import,
-which builds and loads them. :func:`table` renders the list for the documentation (docs/design.md, "Configuration").
+which builds and loads them. :func:`table` renders the list for the documentation (docs/design.md,
+"Configuration").
 """
 from __future__ import annotations
 

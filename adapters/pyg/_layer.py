@@ -45,7 +45,8 @@ def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int,
     sharded = _sharded_graph(source, edge_weight, norm, dtype, flip)
     if sharded is not None:
         return sharded
-    if isinstance(source, EdgeIndex) and not _sizes_agree(source.sparse_size(), (n_dst, n_src) if flip else (n_src, n_dst)):
+    expected = (n_dst, n_src) if flip else (n_src, n_dst)
+    if isinstance(source, EdgeIndex) and not _sizes_agree(source.sparse_size(), expected):
         return None  # the stock code checks an EdgeIndex's sizes against the features, and raises
     if torch.compiler.is_compiling() and input_kind(source) == "edge_index":
         return DeferredAggregation(source, edge_weight, n_src, n_dst, flip, norm)
