@@ -45,8 +45,7 @@ def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int,
     sharded = _sharded_graph(source, edge_weight, norm, dtype, flip)
     if sharded is not None:
         return sharded
-    expected = (n_dst, n_src) if flip else (n_src, n_dst)
-    if isinstance(source, EdgeIndex) and not _sizes_agree(source.sparse_size(), expected):
+    if isinstance(source, EdgeIndex) and not _sizes_agree(source, n_src, n_dst, flip):
         return None  # the stock code checks an EdgeIndex's sizes against the features, and raises
     if torch.compiler.is_compiling() and input_kind(source) == "edge_index":
         return DeferredAggregation(source, edge_weight, n_src, n_dst, flip, norm)
@@ -74,12 +73,14 @@ def _sharded_graph(source, edge_weight: Tensor | None, norm: NormSpec, dtype: to
     return source.graph(norm.kind, improved, norm.add_self_loops, dtype)
 
 
-def _sizes_agree(sparse_size: tuple, expected: tuple[int, int]) -> bool:
+def _sizes_agree(edge_index: EdgeIndex, n_src: int, n_dst: int, flip: bool) -> bool:
     """Whether an ``EdgeIndex``'s ``sparse_size`` (rows: ``edge_index[0]``'s nodes, columns:
-    ``edge_index[1]``'s; either may be unknown) fits the node counts the features give. Its ids
-    may all be in range where it does not (features missing the last, isolated nodes): the output
-    would then have the wrong number of rows."""
-    return all(size is None or size == n for size, n in zip(sparse_size, expected))
+    ``edge_index[1]``'s, which are the sources unless the flow is flipped; either may be unknown)
+    fits the node counts the features give. Its ids may all be in range where it does not
+    (features missing the last, isolated nodes): the output would then have the wrong number of
+    rows."""
+    expected = (n_dst, n_src) if flip else (n_src, n_dst)
+    return all(size is None or size == n for size, n in zip(edge_index.sparse_size(), expected))
 
 
 _MESSAGE_PASSING = ("message", "aggregate", "message_and_aggregate", "update", "edge_update")
