@@ -439,6 +439,39 @@ def test_an_edge_index_sized_for_other_features_raises_as_stock(config, make, mo
         assert rel_err(ours(x, EdgeIndex(ei, sparse_size=size)), stock(x, EdgeIndex(ei, sparse_size=size))) < TOL
 
 
+def test_an_edge_index_resized_in_place_is_seen_by_a_repeated_call():
+    """``EdgeIndex.sparse_resize_`` changes the size, not the version: a GCNConv's repeated call
+    (fgplugin.layer_calls) must not run what it decided for the old size."""
+    ei, w, n = graph_case("path")
+    x = torch.randn(n, 8)
+    stock, ours = make_pair("gcn", lambda cls: cls(8, 6))
+    graph = EdgeIndex(ei, sparse_size=(n, n))
+    for _ in range(2):  # decided, then repeated
+        assert rel_err(ours(x, graph), stock(x, graph)) < TOL
+    graph.sparse_resize_(n + 5, n + 5)
+    with pytest.raises(ValueError) as stock_error:
+        stock(x, graph)
+    with pytest.raises(ValueError, match=re.escape(str(stock_error.value))):
+        ours(x, graph)
+
+
+def test_a_bipartite_sage_with_the_flow_reversed_reads_an_edge_index_sized_that_way(fgplugin_only):
+    """With ``flow="target_to_source"`` ``edge_index[1]`` holds the sources, so an ``EdgeIndex``
+    sized ``(targets, sources)`` fits ``(x_src, x_dst)`` and is served as the plain
+    ``edge_index`` is (stock PyG compares its sizes in one order whatever the flow, and refuses
+    both); sized the other way round it does not fit, and the stock code raises."""
+    ei = torch.tensor([[0, 0, 1, 1, 2], [0, 1, 2, 3, 3]])  # [targets; sources]
+    x_src, x_dst = torch.randn(4, 8), torch.randn(3, 8)
+    conv = fp.SAGEConv(8, 6, flow="target_to_source")
+    want = conv((x_src, x_dst), ei)
+    assert want.shape == (3, 6)
+    assert rel_err(conv((x_src, x_dst), EdgeIndex(ei, sparse_size=(3, 4))), want) < TOL
+    mean = torch.stack([x_src[ei[1][ei[0] == t]].mean(0) for t in range(3)])  # the flipped edges' mean
+    assert rel_err(want, conv.lin_l(mean) + conv.lin_r(x_dst)) < TOL
+    with pytest.raises(AssertionError, match="took the stock code path"):  # where the stock code raises
+        conv((x_src, x_dst), EdgeIndex(ei, sparse_size=(4, 3)))
+
+
 def test_nan_weights_propagate_as_in_stock():
     ei, w, n = graph_case("path")
     w[3] = float("nan")  # fgplugin refuses NaN weights; the stock layer propagates them

@@ -46,7 +46,7 @@ def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int,
     if sharded is not None:
         return sharded
     if isinstance(source, EdgeIndex) and not _sizes_agree(source, n_src, n_dst, flip):
-        return None  # the stock code checks an EdgeIndex's sizes against the features, and raises
+        return None  # the stock code does what it does with such sizes (mostly: raises)
     if torch.compiler.is_compiling() and input_kind(source) == "edge_index":
         return DeferredAggregation(source, edge_weight, n_src, n_dst, flip, norm)
     graph = graph_of(source, n_src, n_dst, flip)
@@ -78,7 +78,9 @@ def _sizes_agree(edge_index: EdgeIndex, n_src: int, n_dst: int, flip: bool) -> b
     ``edge_index[1]``'s, which are the sources unless the flow is flipped; either may be unknown)
     fits the node counts the features give. Its ids may all be in range where it does not
     (features missing the last, isolated nodes): the output would then have the wrong number of
-    rows."""
+    rows. Stock PyG compares the sizes in the same order whatever the flow, so a bipartite
+    SAGEConv with ``flow="target_to_source"`` that it refuses is served here, as it is for a plain
+    ``edge_index``."""
     expected = (n_dst, n_src) if flip else (n_src, n_dst)
     return all(size is None or size == n for size, n in zip(edge_index.sparse_size(), expected))
 

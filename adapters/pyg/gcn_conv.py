@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch_geometric import EdgeIndex
 from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor, SparseTensor
 
@@ -51,7 +52,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         out = aggregate(aggregation, x, weight=parts[0], bias=self.bias, owner=self, node_dim=self.node_dim)
         weight, bias = self.lin.weight, self.bias
         layer_calls.keep(self, edge_index, edge_weight, self._decision_objects(self.lin, weight, bias),
-                         self._decision_values(weight, bias), x)
+                         self._decision_values(weight, bias, edge_index), x)
         return out
 
     def _as_decided(self, x, edge_index, edge_weight) -> Tensor | None:
@@ -64,7 +65,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
             return None
         weight, bias = lin.weight, self.bias
         decision = layer_calls.find(self, edge_index, edge_weight, self._decision_objects(lin, weight, bias),
-                                    self._decision_values(weight, bias), x)
+                                    self._decision_values(weight, bias, edge_index), x)
         if decision is None:
             return None
         return aggregate_as_decided(decision, self, x, weight, bias)
@@ -73,11 +74,13 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         """What the layer's decisions read, by identity: its linear map, weight, bias and graph caches."""
         return lin, weight, bias, self._cached_edge_index, self._cached_adj_t
 
-    def _decision_values(self, weight, bias) -> tuple:
+    def _decision_values(self, weight, bias, edge_index) -> tuple:
         """The layer's plain settings and shapes that its decisions read, compared by equality (a
-        write to ``weight.data`` may change the weight's shape, not the object)."""
+        write to ``weight.data`` may change the weight's shape, not the object; an ``EdgeIndex``'s
+        ``sparse_resize_`` changes its size, not its version)."""
         return (self.normalize, self.improved, self.add_self_loops, self.cached, self.flow, self.node_dim,
-                weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype, bias.requires_grad))
+                weight.shape, weight.dtype, None if bias is None else (bias.shape, bias.dtype, bias.requires_grad),
+                edge_index.sparse_size() if isinstance(edge_index, EdgeIndex) else None)
 
     def _aggregation(self, n: int, edge_index, edge_weight, dtype) -> Aggregation | DeferredAggregation | None:
         cache_name = "_cached_adj_t" if isinstance(edge_index, SparseTensor) else "_cached_edge_index"
