@@ -75,8 +75,8 @@ def _mode_from_env(name: str) -> str:
 
 def _flag(name: str, default: bool) -> bool:
     """An on/off switch: ``0`` / ``1`` or a common spelling of one (true/false, on/off, yes/no);
-    unset or empty gives ``default``. Anything else is an error: read as "on", ``false`` would
-    have left a cache on or switched the kernels off."""
+    unset or empty gives ``default``. Anything else is an error, not read as "on": ``false`` must
+    not keep a cache on, nor switch the kernels off."""
     value = os.environ.get(name)
     if value is None or value == "":
         return default

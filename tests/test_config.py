@@ -57,7 +57,7 @@ def test_three_way_switches_are_read_and_checked(name, field):
                                                   ("FGPLUGIN_SKIP_ZERO_ROWS", "skip_zero_rows", True)])
 def test_on_off_switches_take_the_same_spellings_and_refuse_others(name, field, default):
     """0 / 1 and true/false, on/off, yes/no; unset or empty is the default; anything else is an
-    error at import (``false`` read as "on" left the cache on)."""
+    error at import, never read as "on"."""
     read = f"import fgplugin; print(fgplugin.config.settings.{field})"
     for value, expected in (("0", False), ("false", False), ("Off", False), ("1", True), ("yes", True), ("", default)):
         env = {**os.environ, name: value}

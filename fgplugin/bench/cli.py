@@ -22,7 +22,7 @@ failed row.
 
 Results: ``<out>/<suite>.json`` (``--name`` for another stem; the spmm suite also writes
 ``threshold.json``), a markdown table ``.md`` and, for epoch, accuracy and reorder, a plot
-``.png`` (with matplotlib) in ``--out`` (default ./bench_results). ``commit`` in the JSON is
+``.png`` (with matplotlib) in ``--out`` (default ./bench_results; for scaling, $OUT first). ``commit`` in the JSON is
 ``--commit``, else $FGPLUGIN_COMMIT, else null; ``fgplugin_version`` is the installed fgplugin's.
 
 Exit status: 0 when every row ran; 1 when a row failed (each failed row is printed on stderr with

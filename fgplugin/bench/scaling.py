@@ -8,7 +8,7 @@
 The driver runs one ``torch.distributed.run --nproc_per_node=G -m fgplugin.bench.scaling --worker``
 job per GPU count G (each in a launcher process of its own, stopped after ``--launch-timeout``
 seconds), each worker process generating the graphs on its own GPU (same seed = same graph), then
-merges their rows into ``<out>/scaling.json`` (``--out``, default ``./bench_results``) with a
+merges their rows into ``<out>/scaling.json`` (``--out``, else ``$OUT``, else ``./bench_results``) with a
 markdown table beside it. Graphs are the synthetic presets of :data:`fgplugin.datasets.SUITE`.
 The launcher sets ``NCCL_NVLS_ENABLE=0`` for the workers.
 

@@ -4,7 +4,7 @@ Run under ``torchrun`` (NCCL on GPUs, gloo on CPU)::
 
     device = init_distributed()                          # timeouts: FGPLUGIN_DIST_TIMEOUT
     ctx = ShardingContext(replication=1)                 # 1D; replication=2 for 1.5D
-    perm = block_order(edge_index, n, ctx)              # Algorithm 2, on rank 0, broadcast
+    perm = block_order(edge_index, n, ctx)               # Algorithm 2, on rank 0, broadcast
     graph = ShardedGraph.from_edge_index(ctx, edge_index, n, perm=perm)
     x, y, train = graph.rows(x), graph.rows(y), graph.rows(train_mask)
     model = DistGCN((x.shape[1], 64, num_classes)).to(device)
