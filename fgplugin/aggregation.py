@@ -137,7 +137,8 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     (fgplugin.layer_calls), with the same ops; ``weight``: the layer's linear map's ``[out, F]``
     (``x W^T``). ``None`` where the decision no longer applies (the graph was freed, the input
     cache let go of ``x``'s aggregation, the product's kept call was let go of): then call
-    :func:`aggregate`."""
+    :func:`aggregate`. A repeated training call on CUDA may replay the ops from CUDA graphs
+    (fgplugin.layer_graphs)."""
     parts = decision.aggregation_parts()
     # edge values or scales that came to need a gradient (``requires_grad_`` changes no version):
     # the scales noted with the decision, and a kept input, were computed without it; the full
@@ -152,12 +153,14 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
         if kept is None:
             return None
         if isinstance(kept, Tensor):
-            op = lambda _x, w, b: transform_with_bias(kept, w.t(), b)  # noqa: E731
-        else:
-            op = lambda _x, w, b: _transformed_product(Aggregation(*parts), kept, w.t(), b, decision.width)  # noqa: E731
+            op, held = (lambda _x, w, b: transform_with_bias(kept, w.t(), b)), kept  # noqa: E731
+        else:  # a SparseInput (which takes no weak reference) reads its adjacency
+            op, held = (lambda _x, w, b: _transformed_product(Aggregation(*parts), kept, w.t(), b,  # noqa: E731
+                                                              decision.width)), kept.adj
         if not graphed:
             return op(x, weight, bias)
-        return layer_graphs.run(owner, (kept, *parts), op, x, weight, bias, reads_x=False, may_capture=not cache.on_trial)
+        return layer_graphs.run(owner, (held, *parts), op, x, weight, bias, reads_x=False,
+                                may_capture=not cache.on_trial)
     product = layer_calls.product_call(decision)
     # a weight or bias with a __torch_function__ of its own must see its ops: the C++ call skips it
     if product is None or has_torch_function((weight, bias)):

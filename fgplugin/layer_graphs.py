@@ -90,7 +90,7 @@ def run(owner, reads: tuple, op, x: Tensor, weight: Tensor, bias: Tensor | None,
         return _Replay.apply(state, op, x, weight, bias)
     if state is None:
         state = owner.__dict__[_STATE] = _Seen(reads, signature)
-    if isinstance(state, _Seen) and may_capture:
+    if type(state) is _Seen and may_capture:  # not a refused capture's
         state.calls += 1
         if state.calls > REPEATS_BEFORE_CAPTURE and owner.__dict__.get(_CAPTURES, 0) < MAX_CAPTURES:
             owner.__dict__[_CAPTURES] = owner.__dict__.get(_CAPTURES, 0) + 1
@@ -103,8 +103,8 @@ def run(owner, reads: tuple, op, x: Tensor, weight: Tensor, bias: Tensor | None,
 
 def _signature(x: Tensor, weight: Tensor, bias: Tensor | None, reads_x: bool) -> tuple:
     """What the graphs depend on besides the objects they read: which inputs need a gradient (the
-    backward graph computes those), where the weight and bias are stored, and where ``x`` is
-    when the graphs do not copy it (they never read it then)."""
+    backward graph computes those), where the weight and bias are stored (the graphs read them
+    there), and ``x``'s shape where they copy it in."""
     return (x.requires_grad, weight.requires_grad, weight.data_ptr(), x.shape if reads_x else None,
             None if bias is None else (bias.requires_grad, bias.data_ptr()))
 
