@@ -47,6 +47,7 @@ from torch import Tensor
 
 from . import capture_holds
 from .config import settings
+from .graphed import reset_generator_after_failed_capture
 from .layer_calls import is_held, weakly
 
 REPEATS_BEFORE_CAPTURE = 2  # eager kept calls on the same objects before their graphs are captured
@@ -146,7 +147,6 @@ def _captured(op, reads: tuple, signature: tuple, x: Tensor, weight: Tensor, bia
     device = x.device
     static_x = x.detach().clone().requires_grad_(x.requires_grad) if reads_x else x
     params = [t for t in (weight, bias) if t is not None and t.requires_grad]
-    wrt = ([static_x] if x.requires_grad else []) + params
     holds: list = []
     first_error = None
     side = torch.cuda.Stream(device)
@@ -158,7 +158,14 @@ def _captured(op, reads: tuple, signature: tuple, x: Tensor, weight: Tensor, bia
             forward.capture_begin(pool=pool)
             try:
                 with capture_holds.collecting(holds):
-                    out = op(static_x, weight, bias)
+                    # Differentiated through views made here: a leaf's gradient would pass its
+                    # AccumulateGrad node, whose stream is the one of the call that made it (the
+                    # user's, kept alive by a loss still held), which a capture may not wait on.
+                    # The views read the same memory, so the graphs read the weight's as it is.
+                    x_in, weight_in, bias_in = (t if t is None or not t.requires_grad else t.view_as(t)
+                                                for t in (static_x, weight, bias))
+                    wrt = [t for t in (x_in, weight_in, bias_in) if t is not None and t.requires_grad]
+                    out = op(x_in, weight_in, bias_in)
             except Exception as err:
                 first_error = err
                 raise
@@ -181,6 +188,7 @@ def _captured(op, reads: tuple, signature: tuple, x: Tensor, weight: Tensor, bia
     except Exception as err:  # noqa: BLE001 - anything the capture refuses: the layer stays eager
         err = first_error or err
         torch.cuda.current_stream(device).wait_stream(side)
+        reset_generator_after_failed_capture(device)
         _say_once(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}")
         return None
     graph.forward, graph.backward, graph.holds, graph.replays = forward, backward, holds, 0
