@@ -5,7 +5,7 @@ Importing fgplugin builds (first time) and loads its kernels; see fgplugin/_exte
 import torch as _torch
 
 from . import _extension, config, ops as _ops, parallel_dropout
-from .config import set_cusparse, set_input_cache, set_layer_graphs, set_row_skipping, set_sparse_input
+from .config import set_cusparse, set_input_cache, set_row_skipping, set_sparse_input
 from .graphed import graphed_step
 from .normalization import Normalization, normalization
 from .ops import spmm
@@ -33,4 +33,4 @@ def extension_status() -> "_extension.ExtensionStatus":
 
 
 __all__ = ["TiledAdjacency", "TileStats", "Normalization", "normalization", "spmm", "extension_status",
-           "set_input_cache", "set_layer_graphs", "set_row_skipping", "set_sparse_input", "set_cusparse", "dropout", "Dropout", "graphed_step"]
+           "set_input_cache", "set_row_skipping", "set_sparse_input", "set_cusparse", "dropout", "Dropout", "graphed_step"]

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 from torch.overrides import has_torch_function
 
-from . import cusparse, input_cache, layer_calls, layer_graphs, ops, sparse_input
+from . import cusparse, input_cache, layer_calls, ops, sparse_input
 from .normalization import Normalization
 from .ops import padded_width
 from .repeated_calls import need_grads
@@ -137,41 +137,27 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     (fgplugin.layer_calls), with the same ops; ``weight``: the layer's linear map's ``[out, F]``
     (``x W^T``). ``None`` where the decision no longer applies (the graph was freed, the input
     cache let go of ``x``'s aggregation, the product's kept call was let go of): then call
-    :func:`aggregate`. A repeated training call on CUDA may replay the ops from CUDA graphs
-    (fgplugin.layer_graphs)."""
+    :func:`aggregate`."""
     parts = decision.aggregation_parts()
     # edge values or scales that came to need a gradient (``requires_grad_`` changes no version):
     # the scales noted with the decision, and a kept input, were computed without it; the full
     # path computes them afresh. Asked before the input cache counts a call on trial.
     if parts is None or need_grads(parts[0].values, *parts[1]):
         return None
-    # a replay would skip a weight's or bias's own __torch_function__ (fgplugin.layer_graphs)
-    graphed = layer_graphs.wanted(x, weight, bias, parts[0].nnz) and not has_torch_function((weight, bias))
     if decision.kind == layer_calls.KEPT_INPUT:  # in the form the input cache holds now
-        cache = input_cache.of(owner)
-        kept = cache.kept_for_call(x)
+        kept = input_cache.of(owner).kept_for_call(x)
         if kept is None:
             return None
         if isinstance(kept, Tensor):
-            op, held = (lambda _x, w, b: transform_with_bias(kept, w.t(), b)), kept  # noqa: E731
-        else:  # a SparseInput (which takes no weak reference) reads its adjacency
-            op, held = (lambda _x, w, b: _transformed_product(Aggregation(*parts), kept, w.t(), b,  # noqa: E731
-                                                              decision.width)), kept.adj
-        if not graphed:
-            return op(x, weight, bias)
-        return layer_graphs.run(owner, (held, *parts), op, x, weight, bias, reads_x=False,
-                                may_capture=not cache.on_trial)
+            return transform_with_bias(kept, weight.t(), bias)
+        return _transformed_product(Aggregation(*parts), kept, weight.t(), bias, decision.width)
     product = layer_calls.product_call(decision)
     # a weight or bias with a __torch_function__ of its own must see its ops: the C++ call skips it
     if product is None or has_torch_function((weight, bias)):
-        op = lambda x, w, b: _transformed_product(Aggregation(*parts), x, w.t(), b, decision.width)  # noqa: E731
-    elif product is False:
+        return _transformed_product(Aggregation(*parts), x, weight.t(), bias, decision.width)
+    if product is False:
         return None
-    else:
-        op = lambda x, w, b: product.transformed(x, w, decision.width - w.shape[0], *parts[1], b)  # noqa: E731
-    if not graphed:
-        return op(x, weight, bias)
-    return layer_graphs.run(owner, (product, *parts), op, x, weight, bias)
+    return product.transformed(x, weight, decision.width - weight.shape[0], *parts[1], bias)
 
 
 def is_distributed(obj, module: str, name: str) -> bool:

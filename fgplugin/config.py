@@ -46,9 +46,6 @@ VARIABLES = (
     Variable("FGPLUGIN_SKIP_ZERO_ROWS", "1",
              "`0`: backward products never skip the zero rows of their output gradient "
              "(`fgplugin.set_row_skipping`; a step captured before replays what it captured)"),
-    Variable("FGPLUGIN_LAYER_GRAPHS", "auto",
-             "`0`: a layer's repeated training call always runs its ops eagerly; `1`: replays them from CUDA graphs "
-             "wherever it applies; `auto`: where the layer's product is small (`fgplugin.set_layer_graphs`)"),
     Variable("FGPLUGIN_DIST_TIMEOUT", "300", "seconds before a collective of `fgplugin.distributed` gives up"),
     Variable("FGPLUGIN_COMMIT", "unset", "the source version `fgplugin bench` records as its results' `commit` "
              "when `--commit` is not given"),
@@ -97,7 +94,6 @@ class Settings:
     skip_zero_rows: bool = _flag("FGPLUGIN_SKIP_ZERO_ROWS", True)
     sparse_input: str = _mode_from_env("FGPLUGIN_SPARSE_INPUT")
     cusparse: str = _mode_from_env("FGPLUGIN_CUSPARSE")
-    layer_graphs: str = _mode_from_env("FGPLUGIN_LAYER_GRAPHS")
     block_adaptive: bool = _flag("FGPLUGIN_BLOCK_ADAPTIVE", True)
     wgmma: bool = not _flag("FGPLUGIN_NO_WGMMA", False)
     build_extension: bool = not _flag("FGPLUGIN_NO_EXTENSION", False)
@@ -132,14 +128,6 @@ def set_cusparse(mode) -> str:
     ``"0"`` / ``False`` (never) or ``"1"`` / ``True`` (wherever it applies, on the CPU too: for
     tests); returns the previous mode. Choices made before stay with their adjacency."""
     return _set_mode("cusparse", mode, "set_cusparse")
-
-
-def set_layer_graphs(mode) -> str:
-    """Whether a layer's repeated training call on CUDA is replayed from CUDA graphs
-    (fgplugin.layer_graphs): ``"auto"`` (where the layer's product is small enough for its step to
-    be bound by host time), ``"0"`` / ``False`` (never) or ``"1"`` / ``True`` (wherever it applies);
-    returns the previous mode. Graphs already captured serve calls again when switched back on."""
-    return _set_mode("layer_graphs", mode, "set_layer_graphs")
 
 
 def _set_mode(field: str, mode, setter: str) -> str:

@@ -197,7 +197,7 @@ class _GraphedStep:
             return True
         except Exception as err:  # noqa: BLE001 - anything the capture refuses: run eagerly, say why
             err = first_error or err
-            reset_generator_after_failed_capture(self.device)
+            _reset_generator_after_failed_capture(self.device)
             self._run_eagerly()
             torch.cuda.synchronize(self.device)
             self.optimizer.zero_grad(set_to_none=True)
@@ -337,9 +337,9 @@ def _restore(optimizer: torch.optim.Optimizer, fused: list[dict], tensor_lrs: li
     capturable.clear()
 
 
-def reset_generator_after_failed_capture(device: torch.device) -> None:
-    """A capture that fails (after a random op such as dropout, or not) leaves the device's default
-    generator in capture mode: the next random op outside a capture raises "Offset increment outside graph
+def _reset_generator_after_failed_capture(device: torch.device) -> None:
+    """A capture that fails after a random op (dropout) leaves the device's default generator in
+    capture mode: the next random op outside a capture raises "Offset increment outside graph
     capture encountered unexpectedly". A fresh state with the same seed and offset (``clone_state``)
     ends that, so the eager steps, and whatever the program does next, can draw again."""
     generator = torch.cuda.default_generators[device.index if device.index is not None else

@@ -59,23 +59,23 @@ _PENDING = "_fgplugin_decided"  # what aggregate() decided in the call under way
 _KEPT = "_fgplugin_layer_call"
 
 
-def weakly(obj):
+def _weak(obj):
     """``obj`` as a kept call refers to it: tensors, modules and other objects by weak reference,
     tuples part by part, and what takes no weak reference (``None``, numbers, strings, dtypes)
     itself. Unlike fgplugin.input_cache's key, tensors are not also keyed by their version: the
     weights change every step and the decision holds across."""
     if isinstance(obj, tuple):
-        return tuple(weakly(part) for part in obj)
+        return tuple(_weak(part) for part in obj)
     try:
         return weakref.ref(obj)
     except TypeError:
         return obj
 
 
-def is_held(held, obj) -> bool:
-    """Whether ``obj`` is what :func:`weakly` made ``held`` of (a dead reference never is)."""
+def _is(held, obj) -> bool:
+    """Whether ``obj`` is what :func:`_weak` made ``held`` of (a dead reference never is)."""
     if isinstance(held, tuple):
-        return isinstance(obj, tuple) and len(held) == len(obj) and all(is_held(h, o) for h, o in zip(held, obj))
+        return isinstance(obj, tuple) and len(held) == len(obj) and all(_is(h, o) for h, o in zip(held, obj))
     if isinstance(held, weakref.ref):
         now = held()
         return now is not None and now is obj
@@ -83,7 +83,7 @@ def is_held(held, obj) -> bool:
 
 
 def _strong(held):
-    """What :func:`weakly` made ``held`` of, or ``None`` when a referred object was freed."""
+    """What :func:`_weak` made ``held`` of, or ``None`` when a referred object was freed."""
     if isinstance(held, tuple):
         parts = [_strong(h) for h in held]
         if any(p is None and h is not None for p, h in zip(parts, held)):
@@ -129,7 +129,7 @@ def decided(owner, kind: str, adj: TiledAdjacency, norm: Normalization, width: i
     """Notes what :func:`fgplugin.aggregation.aggregate` decided for the call under way of
     ``owner``, a layer that asked for it (:func:`deciding`)."""
     if asked(owner):
-        owner.__dict__[_PENDING] = Decision(kind, weakref.ref(adj), weakly(norm), width)
+        owner.__dict__[_PENDING] = Decision(kind, weakref.ref(adj), _weak(norm), width)
 
 
 def decided_product(owner, adj: TiledAdjacency, h: Tensor, norm: Normalization, bias, width: int,
@@ -172,7 +172,7 @@ class KeptLayerCall:
 
     def __init__(self, graph_input, objects: tuple, values: tuple, x: Tensor, decision: Decision):
         self.graph_input = weakref.ref(graph_input)
-        self.objects = weakly(objects)
+        self.objects = _weak(objects)
         self.key = _key(graph_input, values, x, decision)
         self.decision = decision
 
@@ -182,7 +182,7 @@ class KeptLayerCall:
         return _dropped()
 
     def matches(self, graph_input, objects: tuple, values: tuple, x: Tensor) -> bool:
-        return (self.graph_input() is graph_input and is_held(self.objects, objects)
+        return (self.graph_input() is graph_input and _is(self.objects, objects)
                 and _key(graph_input, values, x, self.decision) == self.key)
 
 
