@@ -380,6 +380,12 @@ def test_cached_semantics(fgplugin_only):
     for conv in (sg_stock, sg):
         conv(x, ei)
     assert rel_err(sg(x + 1, other), sg_stock(x + 1, other)) < TOL
+    # with K = 0 there is nothing propagated to cache: each call reads its own x, as stock
+    sg_stock, sg = make_pair("sg", lambda cls: cls(8, 6, K=0, cached=True))
+    for conv in (sg_stock, sg):
+        conv(x, ei)
+    assert rel_err(sg(x + 1, other), sg_stock(x + 1, other)) < TOL
+    assert sg._cached_x is None
 
 
 def test_cached_stock_norm_is_adopted(fgplugin_only):

@@ -17,8 +17,9 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
 
     Same constructor, parameters, ``state_dict``, ``forward(x, edge_index, edge_weight=None)``
     and results (within float rounding) as the stock layer. With ``cached=True`` it caches the
-    propagated features in ``_cached_x`` on the first call, as the stock layer does, and later
-    calls use them (detached) whatever graph they pass. Without it, a linear map that narrows the
+    propagated features in ``_cached_x`` on the first call (``K >= 1``: with ``K = 0`` nothing is
+    propagated, and nothing cached), as the stock layer does, and later calls use them (detached)
+    whatever graph they pass. Without it, a linear map that narrows the
     features is applied first, so the K products run on fewer columns.
     """
 
@@ -39,7 +40,7 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
                              node_dim=self.node_dim)
         with cached_propagation(self.cached, x.device.type):
             x = aggregate(aggregation, x, hops=self.K, owner=self, node_dim=self.node_dim)
-        if self.cached:
+        if self.cached and self.K > 0:  # as stock, which caches inside its propagation loop
             self._cached_x = x
         return self.lin(x)
 
