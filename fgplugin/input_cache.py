@@ -23,10 +23,9 @@ When a layer uses it (all must hold, else the layer runs as without it, at no ex
 
 Switch it off with ``FGPLUGIN_INPUT_CACHE=0`` or :func:`fgplugin.set_input_cache`. A layer holds
 at most one kept input (two forms of it while fgplugin.form_trial times them); a call with another
-input drops it, so does freeing ``x``, and a layer that is copied or pickled starts empty; so does
-a write to the kept ``A x`` itself (a linear map of the user's, say with a hook, gets it as its
-input and may write to it in place). Changes that PyTorch does not count in ``_version`` (writes
-through ``x.data`` or through a NumPy view) are not seen: after such a write, call
+input drops it, so does freeing ``x``, and a layer that is copied or pickled starts empty. Changes
+that PyTorch does not count in ``_version`` (writes through ``x.data`` or through a NumPy view)
+are not seen: after such a write, call
 :meth:`InputCache.clear` on the layer's cache (``fgplugin.input_cache.of(layer)``) or switch the
 cache off.
 """
@@ -86,21 +85,14 @@ class _Key:
 class InputCache:
     """One layer's kept aggregation (see the module docstring for when it is used)."""
 
-    __slots__ = ("_key", "_value", "_versions", "_for_captured_step", "_seen", "_seen_version", "_watch",
-                 "__weakref__")
+    __slots__ = ("_key", "_value", "_for_captured_step", "_seen", "_seen_version", "_watch", "__weakref__")
 
     def __init__(self):
         self.clear()
 
     def clear(self) -> None:
-        self._key = self._value = self._versions = self._for_captured_step = None
+        self._key = self._value = self._for_captured_step = None
         self._seen = self._seen_version = self._watch = None
-
-    def _intact(self) -> bool:
-        """Whether the kept dense aggregation (each form's, on trial) is as it was built: a layer
-        whose linear map is a module of the user's (hooks, a wrapper) gets it as that module's
-        input, which may write to it in place."""
-        return all(t._version == version for t, version in self._versions)
 
     @property
     def holds(self) -> bool:
@@ -138,14 +130,11 @@ class InputCache:
         a call is counted, for :meth:`get` and :meth:`kept_for_call` alike)."""
         if isinstance(self._value, FormTrial):
             self._value = self._value.on_call()
-            if not isinstance(self._value, FormTrial):  # the trial ended: the other form is let go of
-                self._versions = tuple(kept for kept in self._versions if kept[0] is self._value)
         return hold(current(self._value))
 
     def _reusable_for(self, x: Tensor) -> bool:
         return self._key is not None and _context_allows() and _constant(x) and \
-            (self._for_captured_step == in_captured_step() or not torch.is_grad_enabled()) and \
-            self._key.is_of(x) and self._intact()
+            (self._for_captured_step == in_captured_step() or not torch.is_grad_enabled()) and self._key.is_of(x)
 
     def admits(self, x) -> bool:
         """Whether ``x`` may be this call's kept input: asked before :meth:`get`, whose key costs
@@ -180,9 +169,7 @@ class InputCache:
             for_captured_step = self._for_captured_step  # an evaluation reads the form kept for training
         deps = (x, *deps, for_captured_step)
         if self._key is not None and self._key.matches(deps):
-            if self._intact():
-                return self._served()
-            self.clear()  # written to in place: built again from the next call on, as for a new input
+            return self._served()
         # The first call with this x only notes it (by a weak reference and its version: cheap,
         # since a layer whose input changes every step, e.g. after dropout, comes here each time);
         # the second builds the aggregation, from and keyed by that call's graph and settings.
@@ -199,8 +186,6 @@ class InputCache:
         with torch.no_grad():
             value = aggregate()
         self._key, self._value, self._seen = _Key(deps), value, None
-        forms = value.forms if isinstance(value, FormTrial) else (value,)
-        self._versions = tuple((t, t._version) for t in forms if isinstance(t, Tensor))
         self._for_captured_step = for_captured_step
         self._watch = weakref.ref(x, _dropper(self, self._key))  # x freed: free its aggregation too
         return hold(current(value))

@@ -326,6 +326,34 @@ def test_an_aggregation_served_as_the_output_is_a_fresh_tensor():
         fgplugin.set_input_cache(previous)
 
 
+@pytest.mark.parametrize("layer,args,linear", [
+    ("SGConv", (6, 4), "fc"),
+    ("SAGEConv", (4, 6, "mean"), "fc_neigh"),  # widening: stock applies fc_neigh after the mean
+    ("SAGEConv", (6, 4, "mean"), "fc_neigh"),  # narrowing: before it
+])
+def test_a_hooked_linear_map_sees_what_stock_gives_it(layer, args, linear):
+    """A linear map with a hook runs where stock runs it, on what stock gives it, and a write to
+    its input (even one torch does not count) does not reach the kept aggregation of later calls."""
+    graph = graph_case("homo-loops")
+    stock, ours = make_pair(layer, *args)
+    seen = {}
+    for name, module in (("stock", stock), ("ours", ours)):
+        def hook(_module, inputs, name=name):
+            seen[name] = inputs[0].detach().clone()
+            inputs[0].data.mul_(2)
+        getattr(module, linear).register_forward_pre_hook(hook)
+    feat = torch.randn(graph.num_src_nodes(), args[0])
+    feats = feat, feat.clone()  # where the map comes first, the hook writes to the features themselves
+    previous = fgplugin.set_input_cache(True)
+    try:
+        for call in range(4):
+            out_s, out_o = stock(graph, feats[0]), ours(graph, feats[1])
+            assert seen["ours"].shape == seen["stock"].shape and rel_err(seen["ours"], seen["stock"]) < TOL, call
+            assert rel_err(out_o, out_s) < TOL, call
+    finally:
+        fgplugin.set_input_cache(previous)
+
+
 @pytest.mark.parametrize("layer", ["GraphConv", "SAGEConv", "SGConv"])
 def test_checkpointed_layers_train_as_stock_from_the_first_step(layer):
     """Under non-reentrant activation checkpointing the input cache stays out (the recomputation

@@ -138,6 +138,21 @@ def test_a_linear_map_that_writes_to_its_input_leaves_the_kept_aggregation_intac
         assert rel_err(ours(x, ei), stock(x, ei)) < TOL, call
 
 
+@pytest.mark.parametrize("write", [lambda t: t.mul_(2), lambda t: t.data.mul_(2)], ids=["in_place", "through_data"])
+@pytest.mark.parametrize("config,linear", [("sg", "lin"), ("sage", "lin_l")])
+def test_a_linear_map_that_writes_to_its_input_leaves_the_kept_aggregation_intact(config, linear, write):
+    """A linear map fgplugin does not apply itself (here: with a pre-hook) gets a kept ``A x`` as
+    its input; a write to it, even one torch does not count, must not reach the next calls."""
+    ei, n = graph()
+    stock, ours = pair(config)
+    for layer in (stock, ours):
+        getattr(layer, linear).register_forward_pre_hook(lambda module, args: write(args[0]))
+    x = torch.randn(n, 16)
+    for call in range(5):
+        assert rel_err(ours(x, ei), stock(x, ei)) < TOL, call
+    assert input_cache.of(ours).holds
+
+
 @pytest.mark.parametrize("config", ["gcn-wide-in", "gcn-narrow-in", "sg"])
 def test_edge_weights_freed_after_their_call_are_not_taken_for_none(config):
     """A kept aggregation is keyed by its edge weights' tensor, weakly: once that tensor is freed

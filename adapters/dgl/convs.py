@@ -180,8 +180,12 @@ class SAGEConv(_Named, dgl_conv.SAGEConv):
             scale = found.adj.norm("mean", dtype=aux_dtype_for(feat_src.dtype)).row_scale
             aggregation = _aggregation(graph, found, edge_weight, "SAGEConv-mean", scale)
         parts = linear_parts(self.fc_neigh)
-        if parts is None:
-            h_neigh = self.fc_neigh(aggregate(aggregation, feat_src, owner=self))
+        if parts is None and self._in_src_feats > self._out_feats:
+            # the user's map (hooks, a module of theirs) where stock applies it: before the mean,
+            # where it narrows the features (its output changes every step: nothing to keep)
+            h_neigh = aggregate(aggregation, self.fc_neigh(feat_src))
+        elif parts is None:  # after the mean; it may write to its input in place: a copy of a kept one
+            h_neigh = self.fc_neigh(aggregate(aggregation, feat_src, owner=self, fresh=True))
         else:
             h_neigh = aggregate(aggregation, feat_src, weight=parts[0], bias=parts[1], owner=self)
         root = linear_parts(self.fc_self)
@@ -226,7 +230,9 @@ class SGConv(_Named, dgl_conv.SGConv):
                 col_scale = _positive_rsqrt(adj.out_degree(weighted=True, dtype=torch.float64)).to(dtype)
             aggregation = _aggregation(graph, found, edge_weight, "SGConv", row_scale, col_scale)
         with cached_propagation(self._cached, feat.device.type):
-            feat = aggregate(aggregation, feat, hops=self._k, owner=self, fresh=self.norm is not None)
+            # the user's norm, or an fc with hooks or of the user's making, may write to it in place: a copy
+            feat = aggregate(aggregation, feat, hops=self._k, owner=self,
+                             fresh=self.norm is not None or linear_parts(self.fc) is None)
         if self.norm is not None:
             feat = self.norm(feat)
         if self._cached:

@@ -43,7 +43,8 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
             pair = (self.lin(pair[0]).relu(), pair[1])
         parts = linear(self.lin_l)
         if parts is None:
-            out = self.lin_l(aggregate(aggregation, pair[0], owner=self, node_dim=self.node_dim))
+            # a linear map of the user's (hooks, a wrapper) may write to its input in place: a copy
+            out = self.lin_l(aggregate(aggregation, pair[0], owner=self, node_dim=self.node_dim, fresh=True))
         else:
             out = aggregate(aggregation, pair[0], weight=parts[0], bias=parts[1], owner=self, node_dim=self.node_dim)
         if self.root_weight and pair[1] is not None:

@@ -39,7 +39,9 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
             return aggregate(aggregation, x, weight=parts[0], bias=parts[1], hops=self.K, owner=self,
                              node_dim=self.node_dim)
         with cached_propagation(self.cached, x.device.type):
-            x = aggregate(aggregation, x, hops=self.K, owner=self, node_dim=self.node_dim)
+            # a linear map of the user's (hooks, a wrapper) may write to its input in place: a copy
+            x = aggregate(aggregation, x, hops=self.K, owner=self, node_dim=self.node_dim,
+                          fresh=linear(self.lin) is None)
         if self.cached and self.K > 0:  # as stock, which caches inside its propagation loop
             self._cached_x = x
         return self.lin(x)
