@@ -58,6 +58,12 @@ def normalization(adj, kind: str = "gcn", *, add_self_loops: bool = True, improv
     saves that cast on every call: the layers ask for the dtype of their features."""
     if kind not in KINDS:
         raise ValueError(f"unknown normalization {kind!r}; expected one of {KINDS}")
+    if kind != "gcn" and (improved or not add_self_loops):
+        raise ValueError(f"improved= and add_self_loops= are options of the 'gcn' normalization; {kind!r} adds no "
+                         "self loops: leave them out")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype= must be a floating-point torch dtype (the scales' precision, e.g. torch.float32), "
+                         f"got {dtype!r}")
     dtype = dtype or torch.float64
     if kind == "gcn":
         if not adj.is_square:

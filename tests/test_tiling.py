@@ -284,6 +284,10 @@ def test_bad_graph_input_raises_clear_error(build, error, match):
     (lambda adj: fgplugin.spmm(adj, torch.randn(3, 2), torch.ones(5)), ValueError, "row_scale must be .* length 3"),
     (lambda adj: fgplugin.spmm(EDGES, torch.randn(3, 2)), TypeError, "TiledAdjacency"),
     (lambda adj: adj.norm("sym"), ValueError, "unknown normalization"),
+    (lambda adj: adj.norm("gcn", dtype=torch.int64), ValueError, "floating-point torch dtype"),
+    (lambda adj: adj.norm("mean", dtype=torch.bool), ValueError, "floating-point torch dtype"),
+    (lambda adj: adj.norm("mean", improved=True), ValueError, "options of the 'gcn' normalization"),
+    (lambda adj: adj.norm("both", add_self_loops=False), ValueError, "options of the 'gcn' normalization"),
     (lambda adj: TiledAdjacency.from_edge_index(EDGES, size=(3, 2 + 2)).norm("gcn"), ValueError, "square"),
 ])
 def test_bad_spmm_input_raises_clear_error(call, error, match):
