@@ -20,11 +20,13 @@ CACHE_FORMAT = 2  # bump when the cached object's layout changes: old entries th
 def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.Tensor | None = None, *,
                   method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,
                   threshold: float | str = "auto", cache: bool | str | os.PathLike = False,
-                  method_options: dict | None = None) -> TiledAdjacency:
+                  method_options: dict | None = None, keep_edge_order: bool = False) -> TiledAdjacency:
     """Reorders the nodes with ``fgplugin.reorder`` and returns the adjacency in the new order.
 
-    The result's ``perm`` (new -> old) tells how to move node data: ``x_new = x[adj.perm]``; its
-    ``edge_perm`` maps CSR positions to the input edge order, so per-edge data keeps its edges.
+    The result's ``perm`` (new -> old) tells how to move node data: ``x_new = x[adj.perm]``. With
+    ``keep_edge_order`` (or edge weights that need a gradient) its ``edge_perm`` maps CSR
+    positions to the input edge order, so that per-edge values given later in that order
+    (``adj.with_values``) find their edges; it costs an index per edge, so by default it is left out.
 
     Args:
         method (str): ordering, one of ``fgplugin.reorder.METHODS`` (default ``"community"``).
@@ -60,13 +62,14 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
         perm = reorder(edge_index, method, num_nodes=num_nodes, parts=parts, seed=seed, **method_options)
         return TiledAdjacency.from_edge_index(inverse_permutation(perm)[edge_index], num_nodes, built_with,
                                               tile_size=tile_size, threshold=threshold, perm=perm,
-                                              keep_edge_order=learnable)
+                                              keep_edge_order=learnable or keep_edge_order)
 
     if cache is False:
         return build()
     folder = default_cache_dir() if cache is True else Path(cache).expanduser()
     key = cache_key(edge_index, num_nodes, built_with, method=method, parts=parts, seed=seed, tile_size=tile_size,
-                    threshold=threshold, learnable_weights=learnable, method_options=method_options)
+                    threshold=threshold, learnable_weights=learnable, method_options=method_options,
+                    keep_edge_order=keep_edge_order)
     adj = cached(folder / f"{key}.pt", key, lambda: build().cpu()).to(edge_index.device)
     return adj.with_values(edge_weight) if learnable else adj
 
@@ -85,14 +88,16 @@ def check_cache_option(cache):
 def cache_key(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.Tensor | None = None, *,
               method: str = "community", parts: int = 1, seed: int = 0, tile_size: int = 32,
               threshold: float | str = "auto", learnable_weights: bool = False,
-              method_options: dict | None = None) -> str:
+              method_options: dict | None = None, keep_edge_order: bool = False) -> str:
     """The disk-cache key of :func:`reorder_graph` for these arguments (entry: ``<key>.pt``);
     ``learnable_weights``: an entry of the structure alone, the weights applied after loading.
-    Without method options the key is what it was before they existed (entries stay valid)."""
+    Without method options or the edge order the key is what it was before they existed
+    (entries stay valid)."""
     options = sorted((method_options or {}).items())
     return tensor_digest(CACHE_FORMAT, edge_index, num_nodes, edge_weight, method, parts, seed, tile_size, threshold,
                          *(("learnable weights",) if learnable_weights else ()),
-                         *((("method options", options),) if options else ()))
+                         *((("method options", options),) if options else ()),
+                         *(("edge order",) if keep_edge_order else ()))
 
 
 def check_method_options(method_options) -> dict:

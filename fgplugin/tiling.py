@@ -215,10 +215,11 @@ class TiledAdjacency:
             return self._copy(values=None)
         if self._edge_order_dropped:
             raise ValueError("this TiledAdjacency was built from an edge list without keeping its order "
-                             "(keep_edge_order=False, as fgplugin.preprocess.reorder_graph and BlockReorder build "
-                             "it), so per-edge values in that order cannot be mapped onto it: build it with "
+                             "(keep_edge_order=False, as fgplugin.preprocess.reorder_graph and PyG's BlockReorder "
+                             "build it), so per-edge values in that order cannot be mapped onto it: build it with "
                              "TiledAdjacency.from_edge_index(edge_index, num_nodes, keep_edge_order=True) (after "
-                             "BlockReorder: from data.edge_index, in the new ids), or give the weights when it is built")
+                             "BlockReorder: from data.edge_index, in the new ids) or reorder_graph(..., "
+                             "keep_edge_order=True), or give the weights when it is built")
         memo = self._cache.setdefault("with_values", {}) if self._memoizable(edge_values) else None
         if memo is not None:
             kept = memo.get(id(edge_values))

@@ -19,7 +19,8 @@ class BlockReorder(BaseTransform):
     is permuted, edges keep their order (so ``edata`` stays with its edges), the id type is kept, and
     ``ndata["perm"]`` / ``ndata["inv_perm"]`` hold the permutation (new -> old / old -> new;
     composed when applied twice). The tiled adjacency is built once and cached on the graph, where
-    ``fgplugin.dgl``'s layers find it. Use it on single graphs: a batch (``dgl.batch``) is refused.
+    ``fgplugin.dgl``'s layers find it; it keeps the edge order, so they also serve ``edge_weight``
+    given in the graph's edge order. Use it on single graphs: a batch (``dgl.batch``) is refused.
 
     Args:
         method, parts, seed, tile_size, threshold, cache, method_options: as for
@@ -42,9 +43,10 @@ class BlockReorder(BaseTransform):
                              "mix the graphs' nodes. Apply it to each graph before dgl.batch")
         n = g.num_nodes()
         src, dst = edges_by_id(g)
+        # the edge order kept: DGL's layers take edge weights per call, in the graph's edge order
         adj = reorder_graph(torch.stack([src, dst]), n, method=self.method, parts=self.parts, seed=self.seed,
                             tile_size=self.tile_size, threshold=self.threshold, cache=self.cache,
-                            method_options=self.method_options)
+                            method_options=self.method_options, keep_edge_order=True)
         perm, new_ids = adj.perm, adj.inv_perm.to(g.idtype)  # the id type kept: dgl.batch needs one for all graphs
         out = dgl.graph((new_ids[src], new_ids[dst]), num_nodes=n, idtype=g.idtype, device=g.device)
         for key, value in g.ndata.items():
