@@ -588,8 +588,9 @@ class TiledAdjacency:
         }
 
     def __setstate__(self, state):
-        """Restores a pickled adjacency and checks it as the constructors check their inputs: a
-        damaged or hand-edited file raises a ValueError here, before any kernel reads it."""
+        """Restores a pickled adjacency and checks it as the constructors check their inputs:
+        contents that no longer form a valid graph raise a ValueError here, before any kernel
+        reads them (an edit that keeps them valid is not seen: the state has no checksum)."""
         try:
             if "format" not in state:  # written before the state had a format: its tile plan is dropped
                 tile_size, threshold = state["tiles"][:2]
