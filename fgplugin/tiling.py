@@ -534,13 +534,20 @@ class TiledAdjacency:
         return self.resolved_threshold(dtype)
 
     # ------------------------------------------------------------------ devices, memory, pickling
-    def to(self, device=None, non_blocking: bool = False, **_ignored) -> "TiledAdjacency":
+    def to(self, device=None, non_blocking: bool = False, *, dtype=None, copy: bool = False,
+           **_ignored) -> "TiledAdjacency":
         """A copy on ``device`` (transpose and permutation included; kernel plans are rebuilt
-        there when first needed). Extra keyword arguments that ``torch.Tensor.to`` takes are
-        accepted, so ``data.to(device)`` of a PyG ``Data`` that holds this object works."""
-        if device is None or torch.device(device) == self.device:
+        there when first needed); itself where it is there already, unless ``copy``. Extra keyword
+        arguments that ``torch.Tensor.to`` takes are accepted, so ``data.to(device)`` of a PyG
+        ``Data`` that holds this object works; a dtype is refused (see the error)."""
+        if dtype is not None or any(isinstance(arg, torch.dtype) for arg in (device, non_blocking)):
+            raise TypeError("TiledAdjacency.to moves the adjacency to a device; it has no dtype to change: "
+                            "fgplugin.spmm runs in the features' dtype (to store the edge weights in another, "
+                            "build the adjacency from weights of that dtype)")
+        device = self.device if device is None else torch.device(device)
+        if device == self.device and not copy:
             return self
-        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking, copy=copy)  # noqa: E731
         out = TiledAdjacency(move(self.rowptr), move(self.col), move(self.values), self.shape,
                              tile_size=self.tile_size, threshold=self.threshold, edge_perm=move(self.edge_perm),
                              perm=move(self.perm), _edge_order_dropped=self._edge_order_dropped)

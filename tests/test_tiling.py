@@ -296,6 +296,17 @@ def test_bad_spmm_input_raises_clear_error(call, error, match):
         call(adj)
 
 
+def test_to_moves_or_copies_and_refuses_a_dtype():
+    adj = TiledAdjacency.from_edge_index(EDGES, 3, torch.tensor([0.5, 2.0, 1.0]))
+    assert adj.to("cpu") is adj and adj.to() is adj
+    copied = adj.to("cpu", copy=True)
+    assert copied is not adj and copied.values.data_ptr() != adj.values.data_ptr()
+    assert torch.equal(fgplugin.spmm(copied, torch.eye(3)), fgplugin.spmm(adj, torch.eye(3)))
+    for call in (lambda: adj.to(torch.float64), lambda: adj.to(dtype=torch.float64), lambda: adj.to("cpu", torch.half)):
+        with pytest.raises(TypeError, match="has no dtype to change"):
+            call()
+
+
 def test_raw_op_rejects_mismatched_arguments():
     adj = TiledAdjacency.from_edge_index(EDGES, 3)
     with pytest.raises(RuntimeError, match="values must have dtype"):
