@@ -4,6 +4,7 @@ import torch
 
 import fgplugin
 from fgplugin.testing import rel_error
+from conftest import require_dgl
 
 torch_geometric = pytest.importorskip("torch_geometric", reason="the PyG transform needs torch_geometric")
 from torch_geometric.data import Data, HeteroData, InMemoryDataset  # noqa: E402
@@ -160,16 +161,10 @@ def test_cache_option_is_checked_and_learnable_weights_keep_their_gradient(tmp_p
 
 
 def test_dgl_transform_keeps_the_id_type_and_refuses_batches():
-    import os
-    try:
-        import fgplugin.dgl as fd
-    except ImportError as err:  # CI installs DGL: there a broken shim must fail, not skip
-        if os.environ.get("CI", "").lower() in ("true", "1"):
-            raise
-        pytest.skip(f"DGL is not usable here: {err}")
+    dgl = require_dgl()
+    import fgplugin.dgl as fd
     from fgplugin.dgl.convs import edges_by_id
 
-    dgl = fd.import_dgl()
     data = _data(n=40, e=200)
     g = dgl.graph((data.edge_index[0], data.edge_index[1]), num_nodes=40, idtype=torch.int32)
     g.ndata["x"], g.edata["w"] = data.x, data.edge_weight
@@ -194,16 +189,10 @@ def test_dgl_transform_keeps_the_id_type_and_refuses_batches():
 def test_dgl_layers_serve_edge_weights_on_a_reordered_graph(monkeypatch):
     """DGL's layers take edge weights per call, in the graph's edge order: on a graph from
     BlockReorder fgplugin serves them (the stock code is not run) and matches stock on the input."""
-    import os
-    try:
-        import fgplugin.dgl as fd
-    except ImportError as err:  # CI installs DGL: there a broken shim must fail, not skip
-        if os.environ.get("CI", "").lower() in ("true", "1"):
-            raise
-        pytest.skip(f"DGL is not usable here: {err}")
+    dgl = require_dgl()
+    import fgplugin.dgl as fd
     from dgl.nn.pytorch import conv as dgl_conv
 
-    dgl = fd.import_dgl()
     data = _data(n=40, e=200)
     g = dgl.add_self_loop(dgl.graph((data.edge_index[0], data.edge_index[1]), num_nodes=40))
     g.edata["w"] = torch.rand(g.num_edges()) + 0.5
