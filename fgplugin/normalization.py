@@ -43,12 +43,13 @@ class Normalization(NamedTuple):
     diag: torch.Tensor | None
 
 
-def normalization(adj, kind: str = "gcn", *, add_self_loops: bool = True, improved: bool = False,
+def normalization(adj, kind: str = "gcn", *, add_self_loops: bool | None = None, improved: bool = False,
                   dtype: torch.dtype | None = None) -> Normalization:
     """Scales of normalization ``kind`` for ``adj``, for ``diag(r) (A + diag(d)) diag(c) X``;
     O(nnz) once. ``kind``: ``"gcn"`` (PyG's ``gcn_norm``: D^-1/2 (A + I) D^-1/2 on weighted
     degrees, a self loop only where a node has none, of weight 2 with ``improved``; LGConv's with
-    ``add_self_loops=False``), DGL ``GraphConv``'s ``"both"``, ``"right"``, ``"left"``, ``"none"``
+    ``add_self_loops=False``; the other kinds add no loops, and refuse ``add_self_loops=True`` and
+    ``improved=True``), DGL ``GraphConv``'s ``"both"``, ``"right"``, ``"left"``, ``"none"``
     (on edge counts, clamped at 1), or ``"mean"`` (1 / in-degree). The table of the kinds is in
     fgplugin/normalization.py.
 
@@ -58,9 +59,10 @@ def normalization(adj, kind: str = "gcn", *, add_self_loops: bool = True, improv
     saves that cast on every call: the layers ask for the dtype of their features."""
     if kind not in KINDS:
         raise ValueError(f"unknown normalization {kind!r}; expected one of {KINDS}")
-    if kind != "gcn" and (improved or not add_self_loops):
-        raise ValueError(f"improved= and add_self_loops= are options of the 'gcn' normalization; {kind!r} adds no "
-                         "self loops: leave them out")
+    if kind != "gcn" and (improved or add_self_loops):
+        raise ValueError(f"improved=True and add_self_loops=True are options of the 'gcn' normalization; {kind!r} "
+                         "adds no self loops: leave them out")
+    add_self_loops = True if add_self_loops is None else add_self_loops
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype= must be a floating-point torch dtype (the scales' precision, e.g. torch.float32), "
                          f"got {dtype!r}")

@@ -24,7 +24,7 @@ def reorder_graph(edge_index: torch.Tensor, num_nodes: int, edge_weight: torch.T
     """Reorders the nodes with ``fgplugin.reorder`` and returns the adjacency in the new order.
 
     The result's ``perm`` (new -> old) tells how to move node data: ``x_new = x[adj.perm]``. With
-    ``keep_edge_order`` (or edge weights that need a gradient) its ``edge_perm`` maps CSR
+    ``keep_edge_order`` (or, with a cache, edge weights that need a gradient) its ``edge_perm`` maps CSR
     positions to the input edge order, so that per-edge values given later in that order
     (``adj.with_values``) find their edges; it costs an index per edge, so by default it is left out.
 

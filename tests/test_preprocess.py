@@ -61,6 +61,25 @@ def test_disk_cache_roundtrip_and_second_load(tmp_path):
     assert len(list(tmp_path.glob("*.pt"))) == 2
 
 
+def test_the_edge_order_kept_has_its_own_cache_entry(tmp_path):
+    """An entry built without the edge order cannot serve a call that keeps it (per-edge values
+    given later would find no edges), and the key without it is the one entries had before."""
+    from fgplugin.preprocess import cache_key
+
+    edge_index, n = _community_graph()
+    reorder_graph(edge_index, n, method="degsort", cache=tmp_path)
+    kept = reorder_graph(edge_index, n, method="degsort", cache=tmp_path, keep_edge_order=True)
+    assert len(list(tmp_path.glob("*.pt"))) == 2 and kept.edge_perm is not None
+    weights = torch.rand(edge_index.shape[1], dtype=torch.float64)
+    dense = torch.zeros(n, n, dtype=torch.float64)
+    new_ids = kept.inv_perm[edge_index]
+    dense.index_put_((new_ids[1], new_ids[0]), weights, accumulate=True)  # rows: destinations
+    x = torch.randn(n, 3, dtype=torch.float64)
+    assert torch.allclose(fgplugin.spmm(kept.with_values(weights), x), dense @ x)
+    assert cache_key(edge_index, n) == cache_key(edge_index, n, keep_edge_order=False) \
+        != cache_key(edge_index, n, keep_edge_order=True)
+
+
 def test_method_options_reach_the_ordering_and_the_cache_key(tmp_path):
     """``method_options`` go to fgplugin.reorder.reorder (here slashburn's ``k``) and key their
     own cache entry; without them the key is the one entries were written under before."""

@@ -287,13 +287,18 @@ def test_bad_graph_input_raises_clear_error(build, error, match):
     (lambda adj: adj.norm("gcn", dtype=torch.int64), ValueError, "floating-point torch dtype"),
     (lambda adj: adj.norm("mean", dtype=torch.bool), ValueError, "floating-point torch dtype"),
     (lambda adj: adj.norm("mean", improved=True), ValueError, "options of the 'gcn' normalization"),
-    (lambda adj: adj.norm("both", add_self_loops=False), ValueError, "options of the 'gcn' normalization"),
+    (lambda adj: adj.norm("both", add_self_loops=True), ValueError, "options of the 'gcn' normalization"),
     (lambda adj: TiledAdjacency.from_edge_index(EDGES, size=(3, 2 + 2)).norm("gcn"), ValueError, "square"),
 ])
 def test_bad_spmm_input_raises_clear_error(call, error, match):
     adj = TiledAdjacency.from_edge_index(EDGES, 3)
     with pytest.raises(error, match=match):
         call(adj)
+
+
+def test_the_kinds_without_loops_take_add_self_loops_false():
+    adj = TiledAdjacency.from_edge_index(EDGES, 3)
+    assert all(torch.equal(a, b) for a, b in zip(adj.norm("both", add_self_loops=False)[:2], adj.norm("both")[:2]))
 
 
 def test_to_moves_or_copies_and_refuses_a_dtype():

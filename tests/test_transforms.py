@@ -186,7 +186,8 @@ def test_dgl_transform_keeps_the_id_type_and_refuses_batches():
         assert sum(out.formats().values(), []) == [formats]  # the restriction kept
 
 
-def test_dgl_layers_serve_edge_weights_on_a_reordered_graph(monkeypatch):
+@pytest.mark.parametrize("layer,args", [("GraphConv", (5, 4)), ("SAGEConv", (5, 4, "mean")), ("SGConv", (5, 4, 2))])
+def test_dgl_layers_serve_edge_weights_on_a_reordered_graph(monkeypatch, layer, args):
     """DGL's layers take edge weights per call, in the graph's edge order: on a graph from
     BlockReorder fgplugin serves them (the stock code is not run) and matches stock on the input."""
     dgl = require_dgl()
@@ -198,14 +199,14 @@ def test_dgl_layers_serve_edge_weights_on_a_reordered_graph(monkeypatch):
     g.edata["w"] = torch.rand(g.num_edges()) + 0.5
     out = fd.BlockReorder(method="degsort")(g)
     torch.manual_seed(0)
-    stock = dgl_conv.GraphConv(5, 4)
-    ours = fd.GraphConv(5, 4)
+    stock = getattr(dgl_conv, layer)(*args)
+    ours = getattr(fd, layer)(*args)
     ours.load_state_dict(stock.state_dict())
     expected = stock(g, data.x, edge_weight=g.edata["w"])
 
     def refused(*args, **kwargs):
-        raise AssertionError("the stock GraphConv ran")
+        raise AssertionError(f"the stock {layer} ran")
 
-    monkeypatch.setattr(dgl_conv.GraphConv, "forward", refused)
+    monkeypatch.setattr(getattr(dgl_conv, layer), "forward", refused)
     got = ours(out, data.x[out.ndata["perm"]], edge_weight=out.edata["w"])
     assert torch.allclose(got, expected[out.ndata["perm"]], rtol=1e-5, atol=1e-6)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from fgplugin import Normalization, TiledAdjacency
+from fgplugin import Normalization, TiledAdjacency, input_cache
 from fgplugin._csr import aux_dtype_for, rows_of_edges
 from fgplugin.aggregation import Aggregation, aggregate, cached_propagation, is_distributed, linear_parts, transform
 from fgplugin.inference_mode import outside_inference_mode
@@ -182,7 +182,9 @@ class SAGEConv(_Named, dgl_conv.SAGEConv):
         parts = linear_parts(self.fc_neigh)
         if parts is None and self._in_src_feats > self._out_feats:
             # the user's map (hooks, a module of theirs) where stock applies it: before the mean,
-            # where it narrows the features (its output changes every step: nothing to keep)
+            # where it narrows the features (its output changes every step: nothing to keep, and
+            # what earlier calls kept is let go of)
+            input_cache.of(self).clear()
             h_neigh = aggregate(aggregation, self.fc_neigh(feat_src))
         elif parts is None:  # after the mean; it may write to its input in place: a copy of a kept one
             h_neigh = self.fc_neigh(aggregate(aggregation, feat_src, owner=self, fresh=True))

@@ -34,14 +34,15 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
         aggregation = self._served_aggregation(x, edge_index, edge_weight)
         if aggregation is None:
             return self._stock_forward(x, edge_index, edge_weight)
-        parts = None if self.cached else linear(self.lin)
+        plain = linear(self.lin)
+        parts = None if self.cached else plain
         if parts is not None:
             return aggregate(aggregation, x, weight=parts[0], bias=parts[1], hops=self.K, owner=self,
                              node_dim=self.node_dim)
         with cached_propagation(self.cached, x.device.type):
             # a linear map of the user's (hooks, a wrapper) may write to its input in place: a copy
             x = aggregate(aggregation, x, hops=self.K, owner=self, node_dim=self.node_dim,
-                          fresh=linear(self.lin) is None)
+                          fresh=plain is None)
         if self.cached and self.K > 0:  # as stock, which caches inside its propagation loop
             self._cached_x = x
         return self.lin(x)
