@@ -20,6 +20,8 @@ backward, the adjoint product leaves out the zero rows of its output gradient wh
 """
 from __future__ import annotations
 
+import numbers
+
 from typing import NamedTuple
 
 import torch
@@ -528,8 +530,10 @@ def checked_epilogue(x: torch.Tensor, bias, width, name: str) -> tuple:
     features = x.shape[1]
     if width is None:
         width = features
-    elif isinstance(width, bool) or not isinstance(width, int) or not 0 <= width <= features:
+    elif isinstance(width, bool) or not isinstance(width, numbers.Integral) or not 0 <= width <= features:
         raise ValueError(f"{name}: width must be an int from 0 to {features} (x's columns), got {width!r}")
+    else:
+        width = int(width)
     return _as_aux(bias, "bias", width, aux_dtype_for(x.dtype), x.device), width
 
 
@@ -596,6 +600,9 @@ def spmm_vjp(adj: TiledAdjacency, x: torch.Tensor, grad: torch.Tensor, row_scale
     if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != (adj.shape[0], features):
         raise ValueError(f"fgplugin.spmm_vjp: grad must be the output's gradient, of shape {(adj.shape[0], features)}, "
                          f"got {tuple(getattr(grad, 'shape', ()))}")
+    if not grad.is_floating_point():
+        raise ValueError(f"fgplugin.spmm_vjp: grad must be floating point (the output's gradient), got {grad.dtype}")
+    grad = grad.to(args.x.dtype)  # the product's own precision, as the output has
     grad = _pad(grad, args.x.shape[1] - features)
     need = (args.values is not None, True, row_scale is not None, col_scale is not None, diag is not None)
     grad_values, grad_x, grad_r, grad_c, grad_d = input_grads(args, grad, need)

@@ -4,6 +4,8 @@ They run once when an adjacency is built (O(E), one host sync each), never in th
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .tile_density import check_threshold
@@ -74,7 +76,8 @@ def check_csr(rowptr, col, shape):
     if shape is None:
         shape = (n_rows, n_rows)
     if isinstance(shape, (str, bytes)) or len(shape) != 2 or not all(
-            isinstance(n, int) or (isinstance(n, torch.Tensor) and n.numel() == 1 and not n.is_floating_point())
+            isinstance(n, numbers.Integral) or (isinstance(n, torch.Tensor) and n.numel() == 1
+                                                and not n.is_floating_point())
             for n in shape) or int(shape[0]) < 0 or int(shape[1]) < 0:
         raise ValueError(f"shape must be (n_rows, n_cols), two non-negative integers, got {shape!r}")
     shape = (int(shape[0]), int(shape[1]))

@@ -10,6 +10,7 @@ import torch
 import fgplugin
 from fgplugin import TiledAdjacency
 from fgplugin._csr import index_dtype_for
+from fgplugin.preprocess import reorder_graph
 from fgplugin.testing import dense_spmm, graph_cases, rel_error
 
 CASES = {case.name: case for case in graph_cases()}
@@ -251,6 +252,8 @@ EDGES = torch.tensor([[0, 1, 2], [1, 2, 0]])
 
 @pytest.mark.parametrize("build,error,match", [
     (lambda: TiledAdjacency.from_edge_index(EDGES.float(), 3), TypeError, "integer node ids"),
+    (lambda: TiledAdjacency.from_edge_index(EDGES, size=3), ValueError, "for a square graph pass num_nodes"),
+    (lambda: reorder_graph(EDGES, 3, seed=1.5), TypeError, "seed must be an int"),
     (lambda: TiledAdjacency.from_edge_index(EDGES.t(), 3), ValueError, r"\[2, E\].*edge_index.t\(\)"),
     (lambda: TiledAdjacency.from_edge_index(EDGES[0], 3), ValueError, r"shape \[2, E\]"),
     (lambda: TiledAdjacency.from_edge_index(np.array([[0], [1]]), 3), TypeError, "torch.Tensor"),
@@ -496,3 +499,22 @@ def test_constructor_scipy_state_and_op_arguments_are_checked():
         fgplugin.spmm(square, torch.randn(2, 3).to_sparse())
     with pytest.raises(ValueError, match="grad must be the output's gradient"):
         fgplugin.ops.spmm_vjp(square, torch.randn(2, 3), torch.randn(3, 3))
+    with pytest.raises(ValueError, match="grad must be floating point"):
+        fgplugin.ops.spmm_vjp(square, torch.randn(2, 3), torch.ones(2, 3, dtype=torch.long))
+
+
+def test_numpy_integers_are_taken_where_ints_are():
+    import numpy as np
+    adj = TiledAdjacency.from_csr(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 0]), shape=(np.int64(3), np.int64(3)))
+    assert adj.shape == (3, 3)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(fgplugin.spmm(adj, x, width=np.int64(2)), fgplugin.spmm(adj, x)[:, :2])
+
+
+def test_spmm_vjp_takes_a_gradient_in_another_float_dtype_at_x_s_precision():
+    weighted = TiledAdjacency.from_edge_index(EDGES, 3, torch.tensor([0.5, 2.0, 1.5]))
+    x, grad = torch.randn(3, 2), torch.randn(3, 2, dtype=torch.float64)
+    got = fgplugin.ops.spmm_vjp(weighted, x, grad)
+    expected = fgplugin.ops.spmm_vjp(weighted, x, grad.float())
+    for g, e in zip(got, expected):
+        assert (g is None) == (e is None) and (g is None or torch.equal(g, e))

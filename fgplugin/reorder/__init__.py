@@ -80,6 +80,8 @@ def reorder(
     row, col, n = as_edges(graph, num_nodes)
     if not isinstance(parts, numbers.Integral) or not 1 <= parts <= max(n, 1):
         raise ValueError(f"parts must be an int in [1, num_nodes={n}], got {parts!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int, got {seed!r} of type {type(seed).__name__}")
     pattern = symmetrize(row, col, n)
     ordering = _ORDERINGS[method]
 
