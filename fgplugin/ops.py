@@ -21,7 +21,6 @@ backward, the adjoint product leaves out the zero rows of its output gradient wh
 from __future__ import annotations
 
 import numbers
-
 from typing import NamedTuple
 
 import torch
@@ -530,7 +529,7 @@ def checked_epilogue(x: torch.Tensor, bias, width, name: str) -> tuple:
     features = x.shape[1]
     if width is None:
         width = features
-    elif isinstance(width, bool) or not isinstance(width, numbers.Integral) or not 0 <= width <= features:
+    elif isinstance(width, bool) or not isinstance(width, (int, numbers.Integral)) or not 0 <= width <= features:
         raise ValueError(f"{name}: width must be an int from 0 to {features} (x's columns), got {width!r}")
     else:
         width = int(width)

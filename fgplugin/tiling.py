@@ -661,7 +661,7 @@ def _resolve_size(edge_index, num_nodes, size) -> tuple[int, int]:
     if size is not None:
         if num_nodes is not None:
             raise ValueError("pass either num_nodes (square graph) or size=(num_src_nodes, num_dst_nodes), not both")
-        if not isinstance(size, (tuple, list, torch.Size)) or len(size) != 2:
+        if isinstance(size, (str, bytes)) or not hasattr(size, "__len__") or len(size) != 2:
             raise ValueError(f"size must be (num_src_nodes, num_dst_nodes), got {size!r}; for a square graph pass "
                              "num_nodes instead")
         n_src, n_dst = (check_node_count(s, f"size[{i}]") for i, s in enumerate(size))
