@@ -168,6 +168,12 @@ def _bad_input(rank, world):
     if rank == 1:  # this rank was given another graph
         other.edge_index = other.edge_index.flip(0)
     errors["other-graph"] = error_of(lambda: shard(other, ctx))
+    weighted = data.clone()
+    weighted.edge_weight = torch.rand(data.edge_index.shape[1], generator=torch.Generator().manual_seed(3))
+    errors["data-weights"] = error_of(lambda: shard(weighted, ctx))  # would be left out, the model unweighted
+    short = data.clone()
+    short.x = data.x[:-3]
+    errors["short-x"] = error_of(lambda: shard(short, ctx))
     return errors
 
 
@@ -182,6 +188,8 @@ def test_what_cannot_be_sharded_is_refused_by_name():
         assert "flow='target_to_source'" in errors["flow"], errors
         assert f"x has {N} rows" in errors["whole-x"] and "this rank's shard" in errors["whole-x"], errors
         assert "must be a bool tensor" in errors["index-mask"], errors
+        assert "data.edge_weight is set" in errors["data-weights"] and "del data.edge_weight" in errors["data-weights"]
+        assert f"data.x has {N - 3} rows but data.num_nodes is {N}" in errors["short-x"], errors
         got, want = errors["fp16-loss"]
         assert abs(got - want) < 1e-5 * want, errors["fp16-loss"]
 

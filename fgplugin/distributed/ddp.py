@@ -28,6 +28,12 @@ def replicate(model: torch.nn.Module, ctx: ShardingContext) -> DistributedDataPa
     never interleave with the graph's row exchanges on the sharding context's groups. Collective:
     call it on every rank.
 
+    Dropout draws each rank's masks for its own rows, so training with it is statistically, not
+    bitwise, the single-process training. Ranks seeded alike draw the same masks: row ``i`` of
+    one row block and row ``i`` of the next are dropped together. To draw them apart, reseed per
+    row block after this call, once everything that must be equal on every rank is drawn:
+    ``torch.manual_seed(seed + ctx.block)`` (the replicas of a block, 1.5D, stay alike).
+
     Raises:
         ValueError: the model has a layer that cannot run on a sharded graph (an attention layer,
             a SAGEConv with another aggregation than the mean, a normalization over all nodes),
@@ -48,7 +54,7 @@ def share_random_state_with_replicas(ctx: ShardingContext) -> None:
     they draw the same dropout masks. Each replica computes the same rows but the backward pass
     hands each a partial gradient that goes through its own masks: with different masks the summed
     gradient is not the loss's. Nothing to do in 1D. Collective; do not reseed per rank afterwards
-    (seed every rank alike, or not at all)."""
+    (seed every rank alike, or not at all; per row block, as :func:`replicate` says, is fine)."""
     group = ctx.row_group
     if group is None:
         return

@@ -122,14 +122,25 @@ def shard(data, ctx: ShardingContext, *, perm=None, **options):
     first dimension is ``data.num_nodes``: ``x``, ``y``, masks, ...), ``adj_t`` a
     :class:`ShardedAdjacency` of ``data.edge_index``, ``num_nodes`` its row count and ``n_id`` the
     original ids of its rows; other attributes are kept as they are, those named ``edge*``
-    (``edge_index``, ``edge_attr``, ``edge_weight``) are left out. Call it on every rank with the
-    same arguments; ``perm`` and ``options`` as for :class:`ShardedAdjacency`."""
+    (``edge_index``, ``edge_attr``) are left out. A ``data.edge_weight`` is refused (a sharded
+    graph is unweighted, and a model reading it from the result would get ``None``), and so are
+    ``x`` or ``y`` without one row per node. Call it on every rank with the same arguments;
+    ``perm`` and ``options`` as for :class:`ShardedAdjacency`."""
     from torch_geometric.data import Data
 
     if getattr(data, "edge_index", None) is None:
         raise ValueError("shard(data): data has no edge_index; a sharded adjacency is built from the whole graph's "
                          "edge_index (a Data whose adj_t was made by a transform keeps edge_index only if asked)")
+    if getattr(data, "edge_weight", None) is not None:
+        raise ValueError("shard(data): data.edge_weight is set, but a sharded graph takes no edge weights (its "
+                         "normalization comes from the edge counts); delete it (del data.edge_weight) to train "
+                         "unweighted, or train in one process")
     n = int(data.num_nodes)
+    for key in ("x", "y"):
+        value = getattr(data, key, None)
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] != n:
+            raise ValueError(f"shard(data): data.{key} has {value.shape[0]} rows but data.num_nodes is {n}; give "
+                             f"one row per node (or set data.num_nodes to {value.shape[0]})")
     adj = ShardedAdjacency(ctx, data.edge_index, n, perm, **options)
     local = Data()
     for key, value in data.items():
