@@ -4,8 +4,6 @@ They run once when an adjacency is built (O(E), one host sync each), never in th
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from .tile_density import check_threshold
@@ -75,12 +73,13 @@ def check_csr(rowptr, col, shape):
     n_rows = rowptr.numel() - 1
     if shape is None:
         shape = (n_rows, n_rows)
-    if isinstance(shape, (str, bytes)) or len(shape) != 2 or not all(
-            isinstance(n, numbers.Integral) or (isinstance(n, torch.Tensor) and n.numel() == 1
-                                                and not n.is_floating_point())
-            for n in shape) or int(shape[0]) < 0 or int(shape[1]) < 0:
-        raise ValueError(f"shape must be (n_rows, n_cols), two non-negative integers, got {shape!r}")
-    shape = (int(shape[0]), int(shape[1]))
+    bad_shape = ValueError(f"shape must be (n_rows, n_cols), two non-negative integers, got {shape!r}")
+    if isinstance(shape, (str, bytes)) or len(shape) != 2:
+        raise bad_shape
+    try:  # each entry as a node count is (an int, a NumPy integer, an integral 0-d tensor)
+        shape = tuple(check_node_count(n, "shape") for n in shape)
+    except (TypeError, ValueError):
+        raise bad_shape from None
     if shape[0] != n_rows:
         raise ValueError(f"shape[0]={shape[0]} does not match rowptr, which describes {n_rows} rows")
     if col.numel() and (int(col.min()) < 0 or int(col.max()) >= shape[1]):
