@@ -330,12 +330,12 @@ def test_replicas_of_a_row_block_draw_the_same_dropout_masks():
     assert not np.array_equal(by_block[0][0], by_block[1][0])
 
 
-@pytest.mark.parametrize("model", ["gcn", "sage"])
-@pytest.mark.parametrize("framework", ["pyg", "dgl"])
-def test_the_examples_train_under_torchrun(framework, model):
+@pytest.mark.parametrize("framework, model, wire", [(framework, model, "same") for framework in ("pyg", "dgl")
+                                                     for model in ("gcn", "sage")] + [("pyg", "gcn", "bf16")])
+def test_the_examples_train_under_torchrun(framework, model, wire):
     """examples/distributed_pyg.py and distributed_dgl.py as the README launches them (2 gloo ranks)
     on the graph they generate: PyG's gcn.py model, DGL's GCN example and a GraphSAGE each reach a
-    useful test accuracy."""
+    useful test accuracy; so does PyG's with the exchanged rows in bf16 (``--wire bf16``)."""
     import os
     import re
     import subprocess
@@ -346,10 +346,11 @@ def test_the_examples_train_under_torchrun(framework, model):
         require_dgl()
     example = Path(__file__).resolve().parents[1] / "examples" / f"distributed_{framework}.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(example),
-           "--backend", "gloo", "--model", model, "--epochs", "30"]
+           "--backend", "gloo", "--model", model, "--epochs", "30", "--wire", wire]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert f"30 epochs of {model}" in done.stdout and "on 2 ranks" in done.stdout, done.stdout
+    assert ("wire torch.bfloat16" if wire == "bf16" else "wire as computed") in done.stdout, done.stdout
     assert float(re.findall(r"test accuracy ([0-9.]+)", done.stdout)[-1]) > 0.75, done.stdout
 
 
