@@ -65,17 +65,34 @@ def save_entry(path: Path, key: str, obj: Any) -> None:
     payload = buffer.getvalue()
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_writes(path.parent)
+    write_atomically(path, _header(payload, key), payload)
+
+
+def write_atomically(path: Path, *chunks: bytes) -> None:
+    """Writes ``chunks`` to ``path`` through a temporary file in its folder, flushed to disk and
+    moved into place with ``os.replace`` (the folder synced after): a crash leaves the old file or
+    the new one, never a torn one. The temporary file is removed when the write fails."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(_header(payload, key))
-            f.write(payload)
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    try:  # the rename itself reaches the disk with the folder's entry
+        folder = os.open(path.parent, os.O_RDONLY)
+    except OSError:  # a folder that cannot be opened for reading (or a platform without it)
+        return
+    try:
+        os.fsync(folder)
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
 
 
 ABANDONED_AFTER_S = 3600  # a temporary file this old is no write in progress: a killed process's

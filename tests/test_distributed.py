@@ -512,27 +512,136 @@ def test_backward_sends_only_the_live_rows(four_ranks):
             assert own is None or own["builds"] == 5, (rank, key, own)
 
 
+def _refusal(data, edge_index, perm_kind=None):
+    try:
+        _trainer(data, 1, "sparse", perm_kind, edge_index=edge_index)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def _disagree_then_train(rank, world, path):
     data = _cora(path)
     edge_index = data.edge_index if rank == 0 else data.edge_index[:, 1:]  # rank 1 lost an edge
-    try:
-        _trainer(data, 1, "sparse", None, edge_index=edge_index)
-        raised = None
-    except ValueError as err:
-        raised = str(err)
-    # The group is still usable after the refusal: train on agreeing input.
+    lost_edge = _refusal(data, edge_index)
+    # Rank 1 rewired two edges, keeping every degree and the edge count: two edges swap targets.
+    rewired = data.edge_index.clone()
+    if rank == 1:
+        rewired[1, 0], rewired[1, 100] = data.edge_index[1, 100], data.edge_index[1, 0]
+    swapped_targets = _refusal(data, rewired)
+    # The group is still usable after the refusals: train on agreeing input.
     trainer = _trainer(data, 1, "sparse", "random")
     for _ in range(EPOCHS):
         stats = trainer.step()
-    return raised, (_weights(trainer), stats["loss"], None)
+    return (lost_edge, swapped_targets), (_weights(trainer), stats["loss"], None)
 
 
 def test_two_ranks_refuse_different_graphs_then_match(cora_path, reference):
     ranks = _ok(_launch(2, _disagree_then_train, cora_path), 2)
-    for rank, (raised, _) in ranks.items():
-        assert raised is not None and "different graphs" in raised and "num_edges" in raised, (rank, raised)
+    for rank, ((lost_edge, swapped_targets), _) in ranks.items():
+        assert lost_edge is not None and "different graphs" in lost_edge and "num_edges" in lost_edge, (rank, lost_edge)
+        assert swapped_targets is not None and "edge hash" in swapped_targets, (rank, swapped_targets)
+        assert "num_edges" not in swapped_targets, (rank, swapped_targets)
     ref, ref_loss = reference
     _check_equal({r: {"p2": v[1]} for r, v in ranks.items()}, ref, ref_loss, ["p2"])
+
+
+def _dropout_trainer(data):
+    trainer = _trainer(data, 1, "broadcast", "random")
+    trainer.model.module.dropout = 0.5
+    return trainer
+
+
+class _OnAdjacency(torch.nn.Module):
+    """A user's model of drop-in layers, called ``(graph, x)`` as DistributedTrainer calls it."""
+
+    def __init__(self, data):
+        super().__init__()
+        from fgplugin.pyg import GCNConv
+
+        torch.manual_seed(SEED)
+        self.conv = GCNConv(data.num_features, data.num_classes).to(DTYPE)
+
+    def forward(self, graph, x):
+        return self.conv(x, graph)
+
+
+def _checkpoint_cases(rank, world, path, tmpdir):
+    import warnings
+
+    from fgplugin.distributed import ShardedAdjacency
+
+    data = _cora(path)
+    out = {}
+    # With dropout, a resumed run draws the masks an uninterrupted one draws (the random states).
+    straight = _dropout_trainer(data)
+    for _ in range(EPOCHS):
+        straight.step()
+    first = _dropout_trainer(data)
+    for _ in range(EPOCHS // 2):
+        first.step()
+    ckpt = os.path.join(tmpdir, "dropout.pt")
+    first.save_checkpoint(ckpt)
+    torch.manual_seed(1234)  # whatever the new process drew since, the checkpoint's states rule
+    resumed = _dropout_trainer(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # same number of ranks: no warning
+        resumed.load_checkpoint(ckpt)
+    while resumed.epoch < EPOCHS:
+        resumed.step()
+    out["dropout"] = (_weights(straight), _weights(resumed))
+    # Rank 0 cannot write: every rank raises at once, and no temporary file is left.
+    start = time.monotonic()
+    try:
+        first.save_checkpoint(os.path.join(tmpdir, "absent", "ckpt.pt"))
+        out["unwritable"] = None
+    except Exception as err:  # noqa: BLE001
+        out["unwritable"] = (type(err).__name__, str(err), time.monotonic() - start)
+    out["left"] = sorted(os.listdir(tmpdir))
+    # A user model on a ShardedAdjacency checkpoints and resumes too.
+    adjacency = ShardedAdjacency(ShardingContext(1), data.edge_index, data.num_nodes)
+    rows = adjacency.base.rows
+    model = _OnAdjacency(data)
+    on_adjacency = DistributedTrainer(model, adjacency, rows(data.x).to(DTYPE), rows(data.y), rows(data.train_mask),
+                                      torch.optim.Adam(model.parameters(), lr=LR))
+    on_adjacency.step()
+    on_adjacency.save_checkpoint(os.path.join(tmpdir, "adjacency.pt"))
+    out["adjacency"] = on_adjacency.load_checkpoint(os.path.join(tmpdir, "adjacency.pt"))
+    # Files that are not checkpoints of this graph, and one of the first format.
+    cases = {"list": [1, 2], "no graph": {"format": 2, "epoch": 1, "model": {}, "optimizer": {}},
+             "format 1": {**first.state_dict(), "format": 1, "graph": first.state_dict()["graph"][:2] + [7, 7]}}
+    for name, state in cases.items():
+        bad = os.path.join(tmpdir, f"{name}.pt")
+        if rank == 0:
+            torch.save(state, bad)
+        dist.barrier()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                out[name] = ("loaded", first.load_checkpoint(bad), [str(w.message) for w in caught])
+            except ValueError as err:
+                out[name] = ("ValueError", str(err))
+    return out
+
+
+def test_checkpoints_resume_dropout_refuse_bad_files_and_fail_together(cora_path, tmp_path):
+    ranks = _ok(_launch(2, _checkpoint_cases, cora_path, str(tmp_path)), 2)
+    for rank, out in ranks.items():
+        straight, resumed = out["dropout"]
+        for name in straight:
+            assert relative_error(torch.from_numpy(resumed[name]), torch.from_numpy(straight[name])) < 1e-12, (rank, name)
+        kind, message, seconds = out["unwritable"]
+        assert kind in ("FileNotFoundError", "RuntimeError") and "ckpt.pt" in message and seconds < TIMEOUT_S / 2, \
+            (rank, out["unwritable"])
+        if rank:
+            assert "rank 0" in message and "nothing was saved" in message, message
+        assert out["adjacency"] == 1
+        assert out["list"] == ("ValueError", out["list"][1]) and "not an fgplugin.distributed checkpoint (a list)" \
+            in out["list"][1], out["list"]
+        assert out["no graph"][0] == "ValueError" and "without graph" in out["no graph"][1], out["no graph"]
+        loaded, epoch, caught = out["format 1"]
+        assert loaded == "loaded" and epoch == EPOCHS // 2 and any("random states are not restored" in w for w in caught)
+    assert not [name for name in ranks[0]["left"] if "tmp" in name], ranks[0]["left"]
 
 
 def _block_thresholds(rank, world, path):

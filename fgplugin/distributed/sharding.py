@@ -56,7 +56,8 @@ from ..validation import check_tile_options
 from .context import COMM_MODES, BlockLayout, ShardingContext, all_gather_into
 from .live_rows import LiveRowExchange, compact_product
 
-_MOD = 2**31 - 1
+# Two primes below 2**31 and multipliers below 2**30, so that every product below fits in an int64.
+_HASHES = ((2**31 - 1, 40503, 69069), (1_000_000_007, 92821, 48271))
 _CHUNK = 1 << 24  # edges read per step while sharding (bounds temporaries; works on memory maps)
 # comm="auto" picks sparse mode while the ranks read at most this share of the other blocks' rows.
 # Sparse mode gathers each row it sends into a buffer, on the critical path, and that gather cost
@@ -218,17 +219,14 @@ class ShardedGraph:
 
         num_edges = int(edge_index.shape[1])
         srcs, dsts, leaving = [], [], []
-        h1 = torch.zeros((), dtype=torch.long, device=device)
-        h2 = torch.zeros((), dtype=torch.long, device=device)
+        hashes = torch.zeros(len(_HASHES), dtype=torch.long, device=device)
         bad = torch.zeros((), dtype=torch.bool, device=device)
         for a in range(0, num_edges, _CHUNK):
             e = torch.as_tensor(edge_index[:, a:a + _CHUNK]).to(device=device, dtype=torch.long)
             src, dst = e[0], e[1]
             bad |= ((src < 0) | (src >= n) | (dst < 0) | (dst >= n)).any()
             # Order-free hash of the edge set (in original ids), so ranks can check they agree.
-            key = (src * 40503 + dst) % _MOD
-            h1 += key.sum()
-            h2 += ((key * 69069 + 12345) % _MOD).sum()
+            hashes = _add_pair_hashes(hashes, src, dst)
             if inv is not None:
                 src, dst = inv[src.clamp(0, n - 1)], inv[dst.clamp(0, n - 1)]
             keep = (dst >= s) & (dst < s + n_own)
@@ -246,9 +244,10 @@ class ShardedGraph:
         symmetric = _same_multiset(dst * n + src, torch.cat(leaving) if leaving else src.new_zeros(0))
         del leaving
 
-        perm_hash = 0 if perm is None else int(((perm % _MOD) * (torch.arange(n, device=device) % 65521 + 1) % _MOD).sum())
+        perm_hash = 0 if perm is None else int(_add_pair_hashes(torch.zeros_like(hashes), torch.arange(n, device=device),
+                                                                perm)[0])
         min_work, live_fraction, max_misses, max_kept = LiveRowExchange.settings(device)
-        fingerprint = [n, num_edges, int(h1), int(h2), perm_hash, ctx.world_size, ctx.replication,
+        fingerprint = [n, num_edges, *hashes.tolist(), perm_hash, ctx.world_size, ctx.replication,
                        COMM_MODES.index(ctx.comm), NORMS.index(norm), int(improved), int(add_self_loops),
                        int(replace_loops), int(min_work),
                        round(live_fraction * 1e6), int(max_misses), int(max_kept),
@@ -699,6 +698,19 @@ def _resolve_comm(read_rows: int, other_rows: int, device) -> str:
     counts = torch.tensor([read_rows, other_rows], dtype=torch.float64, device=device)
     dist.all_reduce(counts)
     return "sparse" if counts[0] <= AUTO_SPARSE_MAX_SHARE * counts[1] else "broadcast"
+
+
+def _add_pair_hashes(hashes: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``hashes`` (one per entry of ``_HASHES``) plus the hashes of the pairs ``(a_i, b_i)`` (ids
+    below 2**31) as a multiset: a sum over the pairs of a cubic of a linear key, modulo a prime.
+    The cubic is what catches a rewiring that keeps every degree (two edges swapping targets), which
+    leaves a sum of linear keys unchanged."""
+    out = []
+    for (prime, ca, cb), h in zip(_HASHES, hashes):
+        key = (a * ca + b * cb + 12345) % prime
+        cube = key * key % prime * key % prime
+        out.append((h + cube.sum() % prime) % prime)
+    return torch.stack(out)
 
 
 def _same_multiset(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -4,8 +4,9 @@ that makes DDP's averaged gradients the single-process ones is :func:`masked_los
 """
 from __future__ import annotations
 
+import io
 import math
-import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -15,11 +16,16 @@ from torch import nn
 
 from .. import parallel_dropout
 from ..aggregation import aggregate
+from ..cache import write_atomically
 from .context import RankFailureError, timeout_seconds
 from .ddp import global_mean, masked_accuracy, masked_loss, replicate
+from .sharded_data import ShardedAdjacency
 from .sharding import ShardedGraph
 
-_CHECKPOINT_FORMAT = 1
+# 2: the ranks' random states, and a graph hash that a rewiring keeping every degree changes.
+# Format 1 files (no random states, the older hash) still load: their graph is checked by size.
+_CHECKPOINT_FORMAT = 2
+_CHECKPOINT_KEYS = ("epoch", "model", "optimizer", "graph")
 
 
 class DistGCN(nn.Module):
@@ -71,7 +77,8 @@ class DistributedTrainer:
         model: any module whose ``forward(graph, x)`` aggregates over ``graph`` (e.g. :class:`DistGCN`);
             it is wrapped in ``DistributedDataParallel`` (rank 0's weights broadcast at
             construction; ``trainer.model.module`` is yours).
-        graph: this rank's :class:`ShardedGraph`.
+        graph: this rank's :class:`ShardedGraph`, or the :class:`ShardedAdjacency` that
+            ``shard_dgl`` / ``shard`` give (for a model of drop-in layers taking ``(graph, x)``).
         x, y: this rank's rows of features and labels (``graph.rows(...)``).
         train_mask: this rank's rows of the training mask; ``val_mask``, ``test_mask`` likewise
             (optional) for :meth:`evaluate`.
@@ -82,9 +89,14 @@ class DistributedTrainer:
     :class:`RankFailureError` naming the timeout instead of hanging.
     """
 
-    def __init__(self, model: nn.Module, graph: ShardedGraph, x, y, train_mask, optimizer, *, val_mask=None,
-                 test_mask=None):
+    def __init__(self, model: nn.Module, graph: ShardedGraph | ShardedAdjacency, x, y, train_mask, optimizer, *,
+                 val_mask=None, test_mask=None):
+        if not isinstance(graph, (ShardedGraph, ShardedAdjacency)):
+            raise TypeError(f"DistributedTrainer trains on this rank's ShardedGraph or ShardedAdjacency "
+                            f"(ShardedGraph.from_edge_index, shard, shard_dgl), not a {type(graph).__name__}")
         self.graph, self.x, self.y, self.optimizer = graph, x, y, optimizer
+        # what a checkpoint records of the graph (sizes and edge hashes), equal on every rank
+        self._graph_id = (graph.base if isinstance(graph, ShardedAdjacency) else graph).fingerprint[:4]
         self.masks = {"train": train_mask, "val": val_mask, "test": test_mask}
         self.epoch = 0
         with self._guard("setup"):
@@ -131,28 +143,45 @@ class DistributedTrainer:
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         return {"format": _CHECKPOINT_FORMAT, "epoch": self.epoch, "model": self.model.module.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "graph": self.graph.fingerprint[:4]}
+                "optimizer": self.optimizer.state_dict(), "graph": list(self._graph_id)}
 
     def save_checkpoint(self, path) -> None:
-        """Write weights, optimizer state and epoch. They are replicated, so rank 0 writes them
-        (to a temporary file, then ``os.replace``: a crash never leaves a torn checkpoint);
-        returns after every rank got here."""
-        path = Path(path)
-        if self.graph.ctx.rank == 0:
-            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-            torch.save(_to_cpu(self.state_dict()), tmp)
-            os.replace(tmp, path)
+        """Write weights, optimizer state, epoch and every rank's random state (CPU and GPU: a
+        resumed run on as many ranks draws the dropout masks an uninterrupted one draws). The
+        first three are replicated, so rank 0 writes the file (through a temporary file flushed to
+        disk, then ``os.replace``: a crash never leaves a torn checkpoint). Returns after every
+        rank got here; if rank 0 cannot write, every rank raises at once (rank 0 its error, the
+        others a ``RuntimeError`` naming it)."""
+        path, ctx = Path(path), self.graph.ctx
         with self._guard("save_checkpoint"):
-            dist.barrier()
+            rng = [None] * ctx.world_size
+            dist.all_gather_object(rng, _rng_state(ctx.device))
+        failure, error = [None], None
+        if ctx.rank == 0:
+            try:
+                buffer = io.BytesIO()
+                torch.save(_to_cpu({**self.state_dict(), "rng": rng}), buffer)
+                write_atomically(path, buffer.getvalue())
+            except Exception as err:  # noqa: BLE001 - told to every rank, then raised
+                failure[0], error = f"{type(err).__name__}: {err}", err
+        with self._guard("save_checkpoint"):
+            dist.broadcast_object_list(failure, 0, device=ctx.device)
+        if error is not None:
+            raise error
+        if failure[0] is not None:
+            raise RuntimeError(f"rank 0, which writes the checkpoint for every rank, could not write {path} "
+                               f"({failure[0]}); nothing was saved")
 
     def load_checkpoint(self, path, *, missing_ok: bool = False) -> int | None:
         """Resume from :meth:`save_checkpoint`'s file: rank 0 reads it and broadcasts it (no shared
         file system needed: only rank 0's copy counts, also for whether there is one). The
-        sharding may differ from the run that wrote it; the graph may not. Returns the epoch to
-        continue from, or ``None`` on every rank where rank 0 has no such file and ``missing_ok``
+        sharding may differ from the run that wrote it; the graph may not. Each rank takes back its
+        random state where the file has one per rank of this run (same number of ranks; else a
+        warning says the dropout masks will differ from an uninterrupted run's). Returns the epoch
+        to continue from, or ``None`` on every rank where rank 0 has no such file and ``missing_ok``
         (else every rank raises ``FileNotFoundError``)."""
-        holder = [None]
-        if self.graph.ctx.rank == 0:
+        ctx, holder = self.graph.ctx, [None]
+        if ctx.rank == 0:
             try:
                 holder[0] = torch.load(path, map_location="cpu", weights_only=True)
             except FileNotFoundError:
@@ -160,23 +189,57 @@ class DistributedTrainer:
             except Exception as err:  # noqa: BLE001 - told to every rank, not only to rank 0
                 holder[0] = f"unreadable ({type(err).__name__}: {err})"
         with self._guard("load_checkpoint"):
-            dist.broadcast_object_list(holder, 0, device=self.graph.ctx.device)
+            dist.broadcast_object_list(holder, 0, device=ctx.device)
         state = holder[0]
-        if state == "missing":
+        if isinstance(state, str) and state == "missing":
             if missing_ok:
                 return None
             raise FileNotFoundError(f"{path}: no checkpoint there on rank 0, which reads it for every rank")
         if isinstance(state, str):
             raise ValueError(f"{path} on rank 0 is {state}")
-        if state.get("format") != _CHECKPOINT_FORMAT:
-            raise ValueError(f"{path}: not an fgplugin.distributed checkpoint (format {state.get('format')!r})")
-        if list(state["graph"]) != list(self.graph.fingerprint[:4]):
-            raise ValueError(f"{path} was written for another graph (fingerprint {state['graph']} vs "
-                             f"{self.graph.fingerprint[:4]} here)")
+        self._check_checkpoint(path, state)
         self.model.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch = int(state["epoch"])
+        rng = state.get("rng")
+        if isinstance(rng, list) and len(rng) == ctx.world_size:
+            _set_rng_state(rng[ctx.rank], ctx.device)
+        else:
+            written_by = f"{len(rng)} ranks" if isinstance(rng, list) else "an fgplugin without random states (format 1)"
+            warnings.warn(f"{path} was written by {written_by}, and this run has {ctx.world_size}: the random "
+                          f"states are not restored, so dropout draws other masks than an uninterrupted run would",
+                          stacklevel=2)
         return self.epoch
+
+    def _check_checkpoint(self, path, state) -> None:
+        """Raises ``ValueError`` for a file that is not a checkpoint of this graph."""
+        if not isinstance(state, dict) or state.get("format") not in (1, _CHECKPOINT_FORMAT):
+            what = f"format {state.get('format')!r}" if isinstance(state, dict) else f"a {type(state).__name__}"
+            raise ValueError(f"{path}: not an fgplugin.distributed checkpoint ({what}); DistributedTrainer."
+                             f"save_checkpoint writes them")
+        missing = [key for key in _CHECKPOINT_KEYS if key not in state]
+        if missing:
+            raise ValueError(f"{path}: an fgplugin.distributed checkpoint without {', '.join(missing)} (damaged?)")
+        # format 1 hashed the edges otherwise: only its graph's sizes can be compared
+        compared = 2 if state["format"] == 1 else 4
+        if list(state["graph"])[:compared] != list(self._graph_id)[:compared]:
+            raise ValueError(f"{path} was written for another graph (fingerprint {list(state['graph'])[:compared]} "
+                             f"vs {list(self._graph_id)[:compared]} here)")
+
+
+def _rng_state(device: torch.device) -> dict:
+    """This process's random state: torch's CPU generator (which fgplugin's CPU dropout draws
+    its seeds from) and, on a GPU, that device's."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 class _CollectiveGuard:
