@@ -111,6 +111,8 @@ def _bad_input(rank, world):
     errors["sage-pool-call"] = refusal(lambda: fd.SAGEConv(FEATURES, 4, "pool")(adj, x))
     errors["weights"] = refusal(lambda: fd.GraphConv(FEATURES, 4)(adj, x, edge_weight=torch.ones(graph.num_edges())))
     errors["whole-x"] = refusal(lambda: fd.GraphConv(FEATURES, 4)(adj, graph.ndata["feat"].float()[:-1]))
+    errors["x-elsewhere"] = refusal(lambda: fd.GraphConv(FEATURES, 4)(adj, x.to("meta")))
+    errors["no-context"] = error_of(lambda: shard_dgl(graph, None), (TypeError,))
     bare = dgl.graph(graph.edges(), num_nodes=N + 3)  # three nodes without in-edges
     bare_adj, bare_data = shard_dgl(bare, ctx)
     feats = torch.randn(bare_adj.num_rows, FEATURES)
@@ -132,6 +134,8 @@ def test_what_cannot_be_sharded_is_refused_by_name():
         assert "'pool'" in errors["sage-pool-call"] and "sharded graph" in errors["sage-pool-call"], errors
         assert "takes no edge weights" in errors["weights"], errors
         assert "this rank's" in errors["whole-x"], errors
+        assert "on meta" in errors["x-elsewhere"] and "on cpu" in errors["x-elsewhere"], errors
+        assert "takes this run's ShardingContext" in errors["no-context"], errors
         assert "0-in-degree" in errors["zero-in-degree"] and "allow_zero_in_degree" in errors["zero-in-degree"], errors
         assert errors["zero-in-degree-allowed"] is None, errors
         assert "add self loops" in errors["sg-zero-in-degree"], errors

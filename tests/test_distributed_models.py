@@ -174,6 +174,7 @@ def _bad_input(rank, world):
     short = data.clone()
     short.x = data.x[:-3]
     errors["short-x"] = error_of(lambda: shard(short, ctx))
+    errors["no-context"] = error_of(lambda: shard(data, None), (TypeError,))
     return errors
 
 
@@ -190,6 +191,7 @@ def test_what_cannot_be_sharded_is_refused_by_name():
         assert "must be a bool tensor" in errors["index-mask"], errors
         assert "data.edge_weight is set" in errors["data-weights"] and "del data.edge_weight" in errors["data-weights"]
         assert f"data.x has {N - 3} rows but data.num_nodes is {N}" in errors["short-x"], errors
+        assert "takes this run's ShardingContext" in errors["no-context"] and "NoneType" in errors["no-context"], errors
         got, want = errors["fp16-loss"]
         assert abs(got - want) < 1e-5 * want, errors["fp16-loss"]
 

@@ -108,6 +108,9 @@ def _sharded_graph(adj, kind: str, feat, edge_weight, allow_zero_in_degree: bool
     if not isinstance(feat, Tensor) or feat.dim() != 2 or feat.shape[0] != adj.num_rows:
         raise ValueError(f"on a sharded graph the features are this rank's {adj.num_rows} rows, one tensor "
                          f"(shard_dgl's ndata), got {type(feat).__name__} of shape {tuple(getattr(feat, 'shape', ()))}")
+    if feat.device != adj.ctx.device:
+        raise ValueError(f"the features are on {feat.device} but this rank's shard of the graph is on {adj.ctx.device}; "
+                         f"pass shard_dgl's ndata (or move the features there)")
     if not allow_zero_in_degree and adj.zero_in_degree:
         raise DGLError("There are 0-in-degree nodes in the graph, output for those nodes will be invalid. Add self "
                        "loops before shard_dgl (dgl.add_self_loop) or pass allow_zero_in_degree=True to the layer.")

@@ -188,3 +188,10 @@ class ShardingContext:
     def __repr__(self) -> str:
         return (f"ShardingContext({self.scheme}, p={self.world_size}, r={self.replication}, rank={self.rank} = "
                 f"(block {self.block}, replica {self.replica}), column blocks {self.col_blocks}, comm={self.comm!r})")
+
+
+def check_context(ctx, where: str) -> None:
+    """Raises ``TypeError`` naming ``where`` when ``ctx`` is not a :class:`ShardingContext`."""
+    if not isinstance(ctx, ShardingContext):
+        raise TypeError(f"{where} takes this run's ShardingContext (ShardingContext(replication) after "
+                        f"init_distributed()), got {type(ctx).__name__}")

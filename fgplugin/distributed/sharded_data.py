@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .context import ShardingContext
+from .context import ShardingContext, check_context
 from .sharding import ShardedGraph
 
 # What the layers' normalizations map to. PyG: GCNConv, SGConv (gcn), LGConv (gcn without self
@@ -45,6 +45,7 @@ class ShardedAdjacency:
     """
 
     def __init__(self, ctx: ShardingContext, edge_index: torch.Tensor, num_nodes: int, perm=None, **options):
+        check_context(ctx, "a sharded adjacency (shard, shard_dgl, ShardedAdjacency)")
         self.ctx, self.edge_index, self.num_nodes, self.perm, self.options = ctx, edge_index, int(num_nodes), perm, options
         self._graphs: dict[tuple, ShardedGraph] = {}
         self._zero_in_degree: bool | None = None

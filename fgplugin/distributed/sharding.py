@@ -53,7 +53,7 @@ from ..ops import padded_width, spmm, spmm_skipping_zero_rows
 from ..tile_density import DEFAULT_THRESHOLD
 from ..tiling import TiledAdjacency
 from ..validation import check_tile_options
-from .context import COMM_MODES, BlockLayout, ShardingContext, all_gather_into
+from .context import COMM_MODES, BlockLayout, ShardingContext, all_gather_into, check_context
 from .live_rows import LiveRowExchange, compact_product
 
 # Two primes below 2**31 and multipliers below 2**30, so that every product below fits in an int64.
@@ -191,6 +191,7 @@ class ShardedGraph:
                 sharding options, or run with different thresholds of the zero-row skipping
                 (``fgplugin.grad_rows``; an all-gathered fingerprint differs).
         """
+        check_context(ctx, "ShardedGraph.from_edge_index")
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
         if threshold is None:
