@@ -175,6 +175,13 @@ def _bad_input(rank, world):
     short.x = data.x[:-3]
     errors["short-x"] = error_of(lambda: shard(short, ctx))
     errors["no-context"] = error_of(lambda: shard(data, None), (TypeError,))
+    # Ranks given other features: the layer's first call says so on every rank, before any exchange.
+    x = local.x.float()
+    wider = torch.cat([x, x[:, :1]], 1) if rank == 1 else x
+    errors["other-width"] = error_of(lambda: fg.GCNConv(FEATURES, 4)(wider, local.adj_t))
+    errors["other-dtype"] = error_of(lambda: fg.SAGEConv(FEATURES, 4)(x.double() if rank == 1 else x, local.adj_t))
+    errors["other-model"] = error_of(lambda: replicate(fg.GCNConv(FEATURES + rank, 4), ctx))
+    errors["after"] = fg.GCNConv(FEATURES, 4)(x, local.adj_t).shape  # the group is still in step
     return errors
 
 
@@ -192,6 +199,12 @@ def test_what_cannot_be_sharded_is_refused_by_name():
         assert "data.edge_weight is set" in errors["data-weights"] and "del data.edge_weight" in errors["data-weights"]
         assert f"data.x has {N - 3} rows but data.num_nodes is {N}" in errors["short-x"], errors
         assert "takes this run's ShardingContext" in errors["no-context"] and "NoneType" in errors["no-context"], errors
+        assert "call GCNConv on different features" in errors["other-width"], errors
+        assert f"features per row: rank 0={FEATURES}, rank 1={FEATURES + 1}" in errors["other-width"], errors
+        assert "call SAGEConv on different features" in errors["other-dtype"], errors
+        assert "features' dtype (0 float32, 1 float64" in errors["other-dtype"] and "rank 1=1" in errors["other-dtype"]
+        assert "built different models" in errors["other-model"], errors
+        assert errors["after"][1] == 4, errors
         got, want = errors["fp16-loss"]
         assert abs(got - want) < 1e-5 * want, errors["fp16-loss"]
 

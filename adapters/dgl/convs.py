@@ -99,7 +99,7 @@ def _is_sharded(graph) -> bool:
     return is_distributed(graph, "sharded_data", "ShardedAdjacency")
 
 
-def _sharded_graph(adj, kind: str, feat, edge_weight, allow_zero_in_degree: bool):
+def _sharded_graph(layer, adj, kind: str, feat, edge_weight, allow_zero_in_degree: bool):
     """The sharded graph of a ``fgplugin.distributed.ShardedAdjacency`` (:func:`shard_dgl`) under
     ``kind``, with DGL's loop rule (the edges as they are) and its zero-in-degree check."""
     if edge_weight is not None:
@@ -111,6 +111,7 @@ def _sharded_graph(adj, kind: str, feat, edge_weight, allow_zero_in_degree: bool
     if feat.device != adj.ctx.device:
         raise ValueError(f"the features are on {feat.device} but this rank's shard of the graph is on {adj.ctx.device}; "
                          f"pass shard_dgl's ndata (or move the features there)")
+    adj.check_call(layer, feat)
     if not allow_zero_in_degree and adj.zero_in_degree:
         raise DGLError("There are 0-in-degree nodes in the graph, output for those nodes will be invalid. Add self "
                        "loops before shard_dgl (dgl.add_self_loop) or pass allow_zero_in_degree=True to the layer.")
@@ -141,7 +142,7 @@ class GraphConv(_Named, dgl_conv.GraphConv):
                 raise DGLError("External weight is provided while at the same time the module has defined its own "
                                "weight parameter. Please create the module with flag weight=False.")
             kind = {"both": "both", "right": "mean", "left": "left", "none": "none"}[self._norm]
-            aggregation = _sharded_graph(graph, kind, feat, edge_weight, self._allow_zero_in_degree)
+            aggregation = _sharded_graph(self, graph, kind, feat, edge_weight, self._allow_zero_in_degree)
             feat_src = feat
         else:
             feat_src, _ = expand_as_pair(feat, graph)
@@ -167,7 +168,7 @@ class SAGEConv(_Named, dgl_conv.SAGEConv):
             if self._aggre_type != "mean":
                 raise ValueError(f"SAGEConv(aggregator_type={self._aggre_type!r}) cannot run on a sharded graph: only "
                                  "the mean aggregation is sharded")
-            aggregation = _sharded_graph(graph, "mean", feat, edge_weight, allow_zero_in_degree=True)
+            aggregation = _sharded_graph(self, graph, "mean", feat, edge_weight, allow_zero_in_degree=True)
             feat_src = feat_dst = self.feat_drop(feat)
         else:
             feat_src = feat[0] if isinstance(feat, tuple) else feat
@@ -221,7 +222,7 @@ class SGConv(_Named, dgl_conv.SGConv):
             if graph.zero_in_degree:
                 raise ValueError("SGConv on a sharded graph needs an in-edge at every node: add self loops "
                                  "(dgl.add_self_loop) before shard_dgl")
-            aggregation = _sharded_graph(graph, "gcn", feat, edge_weight, allow_zero_in_degree=True)
+            aggregation = _sharded_graph(self, graph, "gcn", feat, edge_weight, allow_zero_in_degree=True)
         else:
             found = _served(graph, feat, edge_weight) if self._cached_h is None else None
             if found is None or (found.zero_in_degree and not self._allow_zero_in_degree) \

@@ -11,7 +11,7 @@ from fgplugin.aggregation import aggregate, transform
 from fgplugin.inference_mode import outside_inference_mode
 
 from ._aggregation import MEAN
-from ._layer import FgpluginLayer, fits, linear, make_aggregation
+from ._layer import FgpluginLayer, check_sharded_call, fits, linear, make_aggregation
 
 
 class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
@@ -70,6 +70,7 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
         n_src, n_dst = pair[0].size(self.node_dim), self._num_dst(pair, size)
         if n_dst is None:
             return None
+        check_sharded_call(self, edge_index, pair[0])
         # The stock mean ignores a SparseTensor's values but weighs torch.sparse messages.
         return make_aggregation(edge_index, None, n_src, n_dst, self.flow == "target_to_source", MEAN,
                                 aux_dtype_for(pair[0].dtype), values_from=("torch.sparse",))

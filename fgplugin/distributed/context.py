@@ -195,3 +195,41 @@ def check_context(ctx, where: str) -> None:
     if not isinstance(ctx, ShardingContext):
         raise TypeError(f"{where} takes this run's ShardingContext (ShardingContext(replication) after "
                         f"init_distributed()), got {type(ctx).__name__}")
+
+
+# What a collective agreement check is about; ranks found at different ones have diverged.
+_AGREEMENTS = ("building a sharded graph", "a layer's first call on a sharded graph", "replicating the model")
+
+
+def check_agreement(what: str, values: list[int], names: tuple[str, ...], device, problem: str) -> None:
+    """Collective over the default group: raises ``ValueError`` on every rank where the ranks'
+    ``values`` (ints named by ``names``) differ, saying ``problem`` and each differing value by
+    rank; where some rank is at another check (``what``, one of ``_AGREEMENTS``: the ranks run
+    different code), says that instead. One small all-gather of sizes, one of values, one host sync.
+
+    Ranks that disagree on what they build or multiply would otherwise post collectives of
+    different sizes, which gloo answers by aborting the process and NCCL by hanging until the
+    timeout."""
+    mine = torch.tensor([_AGREEMENTS.index(what), *values], dtype=torch.long, device=device)
+    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.long, device=device))
+    width = max(int(t) for t in sizes)
+    padded = torch.full((width,), -1, dtype=torch.long, device=device)
+    padded[:mine.numel()] = mine
+    gathered = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(gathered, padded)
+    rows = [t.tolist() for t in gathered]
+    if all(row == rows[0] for row in rows):
+        return
+    if len({row[0] for row in rows}) > 1:
+        raise ValueError("fgplugin.distributed: the ranks are at different steps (" + ", ".join(
+            f"rank {r} {_AGREEMENTS[row[0]]}" for r, row in enumerate(rows)) + "); every rank must run the same "
+            "code: build the same sharded graphs and call the same model, on its rows of the same features, in "
+            "the same order")
+    diffs = []
+    for i in range(1, width):
+        column = [row[i] for row in rows]
+        if len(set(column)) > 1:
+            name = names[i - 1] if i - 1 < len(names) else f"entry {i - 1}"
+            diffs.append(f"{name}: " + ", ".join(f"rank {r}={v}" for r, v in enumerate(column)))
+    raise ValueError(f"fgplugin.distributed: {problem}. Differences: " + "; ".join(diffs))

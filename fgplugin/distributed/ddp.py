@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .context import ShardingContext
+from .context import ShardingContext, check_agreement
 
 
 def replicate(model: torch.nn.Module, ctx: ShardingContext) -> DistributedDataParallel:
@@ -37,9 +38,15 @@ def replicate(model: torch.nn.Module, ctx: ShardingContext) -> DistributedDataPa
     Raises:
         ValueError: the model has a layer that cannot run on a sharded graph (an attention layer,
             a SAGEConv with another aggregation than the mean, a normalization over all nodes),
-            named.
+            named; or the ranks built different models (parameters of other shapes or dtypes: a
+            model sized from features of another width), on every rank.
     """
     refuse_unshardable_layers(model)
+    params = [(tuple(p.shape), str(p.dtype)) for p in model.parameters()]
+    check_agreement("replicating the model", [len(params), zlib.crc32(repr(params).encode())],
+                    ("parameters", "parameter shapes and dtypes (a hash)"), ctx.device,
+                    "the ranks built different models; every rank must build the same model (same layers, widths "
+                    "and dtypes: a model sized from the features needs the same features on every rank)")
     share_random_state_with_replicas(ctx)
     ctx.replicated = True
     group = dist.new_group(list(range(ctx.world_size)))

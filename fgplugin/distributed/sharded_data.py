@@ -15,9 +15,11 @@ bf16 on the wire).
 """
 from __future__ import annotations
 
+import zlib
+
 import torch
 
-from .context import ShardingContext, check_context
+from .context import ShardingContext, check_agreement, check_context
 from .sharding import ShardedGraph
 
 # What the layers' normalizations map to. PyG: GCNConv, SGConv (gcn), LGConv (gcn without self
@@ -73,6 +75,25 @@ class ShardedAdjacency:
             self._graphs[key] = found
         return found
 
+    def check_call(self, layer, x: torch.Tensor) -> None:
+        """On ``layer``'s first call with features of ``x``'s width and dtype, checks with every
+        rank that they call it alike (:func:`check_agreement`: a host sync, once per layer and
+        kind of input). Ranks given features of another width or dtype (another dataset, a cast
+        on one rank) would otherwise exchange rows of different sizes or build different graphs
+        while the others exchange. Called by the drop-in layers before they ask for a graph; not
+        while tracing or capturing (their first eager calls came before)."""
+        key = (x.numel() // max(x.shape[0], 1), x.dtype)
+        seen = layer.__dict__.setdefault("_fgplugin_sharded_calls", set())
+        if key in seen or torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return
+        check_agreement("a layer's first call on a sharded graph",
+                        [zlib.crc32(type(layer).__name__.encode()), key[0], _dtype_code(x.dtype)],
+                        ("layer class (a hash of its name)", "features per row",
+                         "features' dtype (" + ", ".join(f"{i} {str(d)[6:]}" for i, d in enumerate(_DTYPES)) + ")"),
+                        self.ctx.device, f"the ranks call {type(layer).__name__} on different features; every rank "
+                                         f"must pass its rows of the same features (same width and dtype)")
+        seen.add(key)
+
     @property
     def zero_in_degree(self) -> bool:
         """Whether some node of the whole graph has no in-edge (DGL's layers refuse such graphs
@@ -101,6 +122,13 @@ class ShardedAdjacency:
     def __repr__(self) -> str:
         return (f"ShardedAdjacency(rows {self.base.row_start}..{self.base.row_end} of {self.num_nodes} nodes, "
                 f"rank {self.ctx.rank} of {self.ctx.world_size}, replication {self.ctx.replication})")
+
+
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
 
 
 def block_order(edge_index: torch.Tensor, num_nodes: int, ctx: ShardingContext,

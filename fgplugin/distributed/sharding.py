@@ -53,7 +53,7 @@ from ..ops import padded_width, spmm, spmm_skipping_zero_rows
 from ..tile_density import DEFAULT_THRESHOLD
 from ..tiling import TiledAdjacency
 from ..validation import check_tile_options
-from .context import COMM_MODES, BlockLayout, ShardingContext, all_gather_into, check_context
+from .context import COMM_MODES, BlockLayout, ShardingContext, all_gather_into, check_agreement, check_context
 from .live_rows import LiveRowExchange, compact_product
 
 # Two primes below 2**31 and multipliers below 2**30, so that every product below fits in an int64.
@@ -253,7 +253,10 @@ class ShardedGraph:
                        int(replace_loops), int(min_work),
                        round(live_fraction * 1e6), int(max_misses), int(max_kept),
                        *[int(v) for v in extra_fingerprint]]
-        _check_agreement(fingerprint, device)
+        check_agreement("building a sharded graph", fingerprint,
+                        _FIELDS + tuple(f"extra_fingerprint[{i}]" for i in range(len(extra_fingerprint))), device,
+                        "the ranks were given different graphs or sharding options; every rank must pass the same "
+                        "edge_index, num_nodes, perm and options (and use the same fgplugin.grad_rows thresholds)")
 
         # Degrees of the whole graph: this rank owns full rows, so its edges give its rows'
         # in-degrees and self loops exactly; one all-reduce (replica 0 of each block adds) spreads them.
@@ -716,29 +719,6 @@ def _add_pair_hashes(hashes: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> 
 
 def _same_multiset(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.numel() == b.numel() and torch.equal(torch.sort(a).values, torch.sort(b).values)
-
-
-def _check_agreement(fingerprint: list[int], device) -> None:
-    mine = torch.tensor(fingerprint, dtype=torch.long, device=device)
-    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.long, device=device))
-    width = max(int(t) for t in sizes)
-    padded = torch.full((width,), -1, dtype=torch.long, device=device)
-    padded[:mine.numel()] = mine
-    gathered = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(gathered, padded)
-    rows = [t.tolist() for t in gathered]
-    if all(row == rows[0] for row in rows):
-        return
-    diffs = []
-    for i in range(width):
-        values = [row[i] for row in rows]
-        if len(set(values)) > 1:
-            name = _FIELDS[i] if i < len(_FIELDS) else f"extra_fingerprint[{i - len(_FIELDS)}]"
-            diffs.append(f"{name}: " + ", ".join(f"rank {r}={v}" for r, v in enumerate(values)))
-    raise ValueError("fgplugin.distributed: the ranks were given different graphs or sharding options; every rank "
-                     "must pass the same edge_index, num_nodes, perm and options (and use the same fgplugin.grad_rows "
-                     "thresholds). Differences: " + "; ".join(diffs))
 
 
 def _exchange_needs(ctx: ShardingContext, needs: dict[int, torch.Tensor], layout: BlockLayout) -> dict[int, torch.Tensor]:
