@@ -15,6 +15,7 @@ bf16 on the wire).
 """
 from __future__ import annotations
 
+import math
 import zlib
 
 import torch
@@ -82,7 +83,7 @@ class ShardedAdjacency:
         on one rank) would otherwise exchange rows of different sizes or build different graphs
         while the others exchange. Called by the drop-in layers before they ask for a graph; not
         while tracing or capturing (their first eager calls came before)."""
-        key = (x.numel() // max(x.shape[0], 1), x.dtype)
+        key = (math.prod(x.shape[1:]), x.dtype)
         seen = layer.__dict__.setdefault("_fgplugin_sharded_calls", set())
         if key in seen or torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             return

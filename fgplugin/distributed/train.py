@@ -147,7 +147,7 @@ class DistributedTrainer:
 
     def save_checkpoint(self, path) -> None:
         """Write weights, optimizer state, epoch and every rank's random state (CPU and GPU: a
-        resumed run on as many ranks draws the dropout masks an uninterrupted one draws). The
+        run resumed with the same sharding draws the dropout masks an uninterrupted one draws). The
         first three are replicated, so rank 0 writes the file (through a temporary file flushed to
         disk, then ``os.replace``: a crash never leaves a torn checkpoint). Returns after every
         rank got here; if rank 0 cannot write, every rank raises at once (rank 0 its error, the
@@ -160,7 +160,8 @@ class DistributedTrainer:
         if ctx.rank == 0:
             try:
                 buffer = io.BytesIO()
-                torch.save(_to_cpu({**self.state_dict(), "rng": rng}), buffer)
+                state = {**self.state_dict(), "rng": rng, "sharding": [ctx.world_size, ctx.replication]}
+                torch.save(_to_cpu(state), buffer)
                 write_atomically(path, buffer.getvalue())
             except Exception as err:  # noqa: BLE001 - told to every rank, then raised
                 failure[0], error = f"{type(err).__name__}: {err}", err
@@ -176,8 +177,8 @@ class DistributedTrainer:
         """Resume from :meth:`save_checkpoint`'s file: rank 0 reads it and broadcasts it (no shared
         file system needed: only rank 0's copy counts, also for whether there is one). The
         sharding may differ from the run that wrote it; the graph may not. Each rank takes back its
-        random state where the file has one per rank of this run (same number of ranks; else a
-        warning says the dropout masks will differ from an uninterrupted run's). Returns the epoch
+        random state where the run that wrote the file had as many ranks and the same replication
+        (else a warning says the dropout masks will differ from an uninterrupted run's). Returns the epoch
         to continue from, or ``None`` on every rank where rank 0 has no such file and ``missing_ok``
         (else every rank raises ``FileNotFoundError``)."""
         ctx, holder = self.graph.ctx, [None]
@@ -201,14 +202,15 @@ class DistributedTrainer:
         self.model.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch = int(state["epoch"])
-        rng = state.get("rng")
-        if isinstance(rng, list) and len(rng) == ctx.world_size:
-            _set_rng_state(rng[ctx.rank], ctx.device)
+        sharding = [ctx.world_size, ctx.replication]
+        if list(state.get("sharding", [])) == sharding:
+            _set_rng_state(state["rng"][ctx.rank], ctx.device)
         else:
-            written_by = f"{len(rng)} ranks" if isinstance(rng, list) else "an fgplugin without random states (format 1)"
-            warnings.warn(f"{path} was written by {written_by}, and this run has {ctx.world_size}: the random "
-                          f"states are not restored, so dropout draws other masks than an uninterrupted run would",
-                          stacklevel=2)
+            written_by = (f"{state['sharding'][0]} ranks with replication {state['sharding'][1]}" if "sharding" in state
+                          else "an fgplugin that kept no random states (format 1)")
+            warnings.warn(f"{path} was written by {written_by}, and this run has {sharding[0]} with replication "
+                          f"{sharding[1]}: the random states are not restored, so dropout draws other masks than an "
+                          f"uninterrupted run would", stacklevel=2)
         return self.epoch
 
     def _check_checkpoint(self, path, state) -> None:
