@@ -68,12 +68,18 @@ def save_entry(path: Path, key: str, obj: Any) -> None:
     write_atomically(path, _header(payload, key), payload)
 
 
-def write_atomically(path: Path, *chunks: bytes) -> None:
+def write_atomically(path: Path, *chunks: bytes, private: bool = True) -> None:
     """Writes ``chunks`` to ``path`` through a temporary file in its folder, flushed to disk and
     moved into place with ``os.replace`` (the folder synced after): a crash leaves the old file or
-    the new one, never a torn one. The temporary file is removed when the write fails."""
+    the new one, never a torn one. The temporary file is removed when the write fails.
+    ``private``: readable by its owner only (the temporary file's mode); else the mode the umask
+    gives a new file, as ``open`` would."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
+        if not private:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
                 f.write(chunk)

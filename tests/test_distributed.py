@@ -347,7 +347,8 @@ def _train_configs(path, configs, tmpdir):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             start = resumed.load_checkpoint(ckpt)
-        # the random states come back only with the sharding that wrote them
+        # the random states come back only with the sharding that wrote them (here the node order
+        # differs: written with a random one)
         out[("warned", replication, comm)] = any("random states are not restored" in str(w.message) for w in caught)
         assert start == EPOCHS // 2
         while resumed.epoch < EPOCHS:
@@ -485,7 +486,7 @@ def test_four_ranks_1d_and_15d_match_single_process(four_ranks, reference):
     accs = ranks[0][configs[0]][2]
     assert set(accs) == {"train_acc", "val_acc", "test_acc"} and accs["train_acc"] > 0.5
     for rank, out in ranks.items():  # resumed after 5 epochs == 10 straight epochs
-        assert not out[("warned", 2, "sparse")] and out[("warned", 1, "broadcast")], rank
+        assert out[("warned", 2, "sparse")] and out[("warned", 1, "broadcast")], rank
         straight = out[configs[-1]][0]
         for key in (("resumed", 2, "sparse"), ("resumed", 1, "broadcast")):
             for name in straight:
@@ -575,7 +576,10 @@ class _OnAdjacency(torch.nn.Module):
 def _checkpoint_cases(rank, world, path, tmpdir):
     from fgplugin.distributed import ShardedAdjacency
 
+    from fgplugin.distributed.train import _rng_state
+
     data = _cora(path)
+    os.umask(0o022)  # the checkpoint's mode follows the umask, as torch.save's would
     out = {}
     # With dropout, a resumed run draws the masks an uninterrupted one draws (the random states).
     straight = _dropout_trainer(data)
@@ -609,11 +613,20 @@ def _checkpoint_cases(rank, world, path, tmpdir):
     on_adjacency = DistributedTrainer(model, adjacency, rows(data.x).to(DTYPE), rows(data.y), rows(data.train_mask),
                                       torch.optim.Adam(model.parameters(), lr=LR))
     on_adjacency.step()
+    saved = _weights(on_adjacency)
     on_adjacency.save_checkpoint(os.path.join(tmpdir, "adjacency.pt"))
-    out["adjacency"] = on_adjacency.load_checkpoint(os.path.join(tmpdir, "adjacency.pt"))
-    # Files that are not checkpoints of this graph, and one of the first format.
+    out["mode"] = os.stat(os.path.join(tmpdir, "adjacency.pt")).st_mode & 0o777
+    on_adjacency.step()
+    out["adjacency"] = (on_adjacency.load_checkpoint(os.path.join(tmpdir, "adjacency.pt")),
+                        all((saved[k] == v).all() for k, v in _weights(on_adjacency).items()))
+    # Files that are not checkpoints of this graph (a damaged one must not load on some ranks only),
+    # and ones of the first format.
+    good = {**first.state_dict(), "rng": [_rng_state(torch.device("cpu"))] * world, "sharding": first._sharding}
+    old_format = {**first.state_dict(), "format": 1, "graph": first.state_dict()["graph"][:2] + [7, 7]}
     cases = {"list": [1, 2], "no graph": {"format": 2, "epoch": 1, "model": {}, "optimizer": {}},
-             "format 1": {**first.state_dict(), "format": 1, "graph": first.state_dict()["graph"][:2] + [7, 7]}}
+             "short rng": {**good, "rng": good["rng"][:1]}, "graph not a list": {**good, "graph": 5},
+             "format 1": old_format,
+             "format 1, other graph": {**old_format, "graph": [old_format["graph"][0] + 1] + old_format["graph"][1:]}}
     for name, state in cases.items():
         bad = os.path.join(tmpdir, f"{name}.pt")
         if rank == 0:
@@ -639,7 +652,10 @@ def test_checkpoints_resume_dropout_refuse_bad_files_and_fail_together(cora_path
             (rank, out["unwritable"])
         if rank:
             assert "rank 0" in message and "nothing was saved" in message, message
-        assert out["adjacency"] == 1
+        assert out["adjacency"] == (1, True) and out["mode"] == 0o644, out
+        for damaged in ("short rng", "graph not a list"):
+            assert out[damaged][0] == "ValueError" and "damaged" in out[damaged][1], (damaged, out[damaged])
+        assert out["format 1, other graph"][0] == "ValueError" and "another graph" in out["format 1, other graph"][1]
         assert out["list"] == ("ValueError", out["list"][1]) and "not an fgplugin.distributed checkpoint (a list)" \
             in out["list"][1], out["list"]
         assert out["no graph"][0] == "ValueError" and "without graph" in out["no graph"][1], out["no graph"]

@@ -114,6 +114,8 @@ def _bad_input(rank, world):
     errors["x-elsewhere"] = refusal(lambda: fd.GraphConv(FEATURES, 4)(adj, x.to("meta")))
     errors["no-context"] = error_of(lambda: shard_dgl(graph, None), (TypeError,))
     errors["other-dtype"] = refusal(lambda: fd.GraphConv(FEATURES, 4)(adj, x.double() if rank == 1 else x))
+    whole = graph.ndata["feat"].float()
+    errors["one-rank-whole-x"] = refusal(lambda: fd.GraphConv(FEATURES, 4)(adj, whole if rank == 1 else x))
     bare = dgl.graph(graph.edges(), num_nodes=N + 3)  # three nodes without in-edges
     bare_adj, bare_data = shard_dgl(bare, ctx)
     feats = torch.randn(bare_adj.num_rows, FEATURES)
@@ -137,7 +139,8 @@ def test_what_cannot_be_sharded_is_refused_by_name():
         assert "this rank's" in errors["whole-x"], errors
         assert "on meta" in errors["x-elsewhere"] and "on cpu" in errors["x-elsewhere"], errors
         assert "takes this run's ShardingContext" in errors["no-context"], errors
-        assert "call GraphConv on different features" in errors["other-dtype"], errors
+        assert "here GraphConv" in errors["other-dtype"] and "features' dtype" in errors["other-dtype"], errors
+        assert "x holds this rank's rows (dim 0): rank 0=1, rank 1=0" in errors["one-rank-whole-x"], errors
         assert "0-in-degree" in errors["zero-in-degree"] and "allow_zero_in_degree" in errors["zero-in-degree"], errors
         assert errors["zero-in-degree-allowed"] is None, errors
         assert "add self loops" in errors["sg-zero-in-degree"], errors

@@ -181,6 +181,19 @@ def _bad_input(rank, world):
     errors["other-width"] = error_of(lambda: fg.GCNConv(FEATURES, 4)(wider, local.adj_t))
     errors["other-dtype"] = error_of(lambda: fg.SAGEConv(FEATURES, 4)(x.double() if rank == 1 else x, local.adj_t))
     errors["other-model"] = error_of(lambda: replicate(fg.GCNConv(FEATURES + rank, 4), ctx))
+    # One rank passing the whole graph's features: every rank raises at once, not after the timeout.
+    errors["one-rank-whole-x"] = error_of(lambda: fg.GCNConv(FEATURES, 4)(data.x.float() if rank else x, local.adj_t))
+    # Ranks at different steps: one calls a layer, the other replicates a model.
+    errors["steps"] = error_of(lambda: fg.GCNConv(FEATURES, 4)(x, local.adj_t) if rank == 0 else
+                               replicate(fg.GCNConv(FEATURES, 4), ctx))
+    compiled = torch.compile(fg.GCNConv(FEATURES, 4), backend="eager")  # its first call compiled, not eager
+    errors["compiled-other-dtype"] = error_of(lambda: compiled(x.double() if rank == 1 else x, local.adj_t))
+    errors["lazy"] = error_of(lambda: replicate(fg.GCNConv(-1, 4), ctx), (ValueError, RuntimeError))
+    # Features [2, rows, F] (node_dim=-2, as in PyG) on blocks of different sizes (149 nodes).
+    uneven = shard(data.subgraph(torch.arange(N - 1)), ctx)
+    conv, xu = fg.GCNConv(FEATURES, 4), uneven.x.float()
+    batched = conv(torch.stack([xu, 2 * xu]), uneven.adj_t)
+    errors["3d"] = (tuple(batched.shape), float((batched[0] - conv(xu, uneven.adj_t)).abs().max()))
     errors["after"] = fg.GCNConv(FEATURES, 4)(x, local.adj_t).shape  # the group is still in step
     return errors
 
@@ -199,9 +212,15 @@ def test_what_cannot_be_sharded_is_refused_by_name():
         assert "data.edge_weight is set" in errors["data-weights"] and "del data.edge_weight" in errors["data-weights"]
         assert f"data.x has {N - 3} rows but data.num_nodes is {N}" in errors["short-x"], errors
         assert "takes this run's ShardingContext" in errors["no-context"] and "NoneType" in errors["no-context"], errors
-        assert "call GCNConv on different features" in errors["other-width"], errors
-        assert f"features per row: rank 0={FEATURES}, rank 1={FEATURES + 1}" in errors["other-width"], errors
-        assert "call SAGEConv on different features" in errors["other-dtype"], errors
+        assert "call a layer on different features" in errors["other-width"], errors
+        assert f"features per node: rank 0={FEATURES}, rank 1={FEATURES + 1}" in errors["other-width"], errors
+        assert "here SAGEConv" in errors["other-dtype"], errors
+        assert "x holds this rank's rows (dim 0): rank 0=1, rank 1=0" in errors["one-rank-whole-x"], errors
+        assert "the ranks are at different steps (rank 0 a layer's first call on a sharded graph, rank 1 " \
+               "replicating the model)" in errors["steps"], errors
+        assert "features' dtype" in errors["compiled-other-dtype"], errors
+        assert "uninitialized parameters" in errors["lazy"], errors
+        assert errors["3d"][0] == (2, 74 + rank, 4) and errors["3d"][1] < 1e-6, errors["3d"]
         assert "features' dtype (0 float32, 1 float64" in errors["other-dtype"] and "rank 1=1" in errors["other-dtype"]
         assert "built different models" in errors["other-model"], errors
         assert errors["after"][1] == 4, errors

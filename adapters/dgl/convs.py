@@ -102,6 +102,8 @@ def _is_sharded(graph) -> bool:
 def _sharded_graph(layer, adj, kind: str, feat, edge_weight, allow_zero_in_degree: bool):
     """The sharded graph of a ``fgplugin.distributed.ShardedAdjacency`` (:func:`shard_dgl`) under
     ``kind``, with DGL's loop rule (the edges as they are) and its zero-in-degree check."""
+    if isinstance(feat, Tensor):
+        adj.check_call(layer, feat)  # first: every rank learns here whether some rank's features do not fit
     if edge_weight is not None:
         raise ValueError("a sharded graph (fgplugin.distributed.shard_dgl) takes no edge weights: its normalization "
                          "comes from the edge counts; drop edge_weight or train in one process")
@@ -111,7 +113,6 @@ def _sharded_graph(layer, adj, kind: str, feat, edge_weight, allow_zero_in_degre
     if feat.device != adj.ctx.device:
         raise ValueError(f"the features are on {feat.device} but this rank's shard of the graph is on {adj.ctx.device}; "
                          f"pass shard_dgl's ndata (or move the features there)")
-    adj.check_call(layer, feat)
     if not allow_zero_in_degree and adj.zero_in_degree:
         raise DGLError("There are 0-in-degree nodes in the graph, output for those nodes will be invalid. Add self "
                        "loops before shard_dgl (dgl.add_self_loop) or pass allow_zero_in_degree=True to the layer.")

@@ -57,11 +57,11 @@ def make_aggregation(source, edge_weight: Tensor | None, n_src: int, n_dst: int,
     return aggregation_of(graph, values_of(source), norm, source if graph.kind == "torch.sparse" else None, dtype)
 
 
-def check_sharded_call(layer, source, x: Tensor) -> None:
+def check_sharded_call(layer, source, x: Tensor, node_dim: int) -> None:
     """Before a layer asks a ``fgplugin.distributed.ShardedAdjacency`` for a graph: its first
     call with such features checks that every rank calls it alike (``check_call``)."""
     if is_distributed(source, "sharded_data", "ShardedAdjacency"):
-        source.check_call(layer, x)
+        source.check_call(layer, x, node_dim)
 
 
 def _sharded_graph(source, edge_weight: Tensor | None, norm: NormSpec, dtype: torch.dtype, flip: bool = False):
@@ -192,7 +192,7 @@ class FgpluginLayer:
         a ``cached=True`` layer kept) is an error that says so."""
         if not (isinstance(x, Tensor) and x.dim() >= 2 and self._fgplugin_serves()):
             return None
-        check_sharded_call(self, edge_index, x)
+        check_sharded_call(self, edge_index, x, self.node_dim)
         aggregation = self._aggregation(x.size(self.node_dim), edge_index, edge_weight, aux_dtype_for(x.dtype))
         if fits(aggregation, x, self.node_dim):
             return aggregation

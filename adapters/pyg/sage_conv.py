@@ -70,7 +70,7 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
         n_src, n_dst = pair[0].size(self.node_dim), self._num_dst(pair, size)
         if n_dst is None:
             return None
-        check_sharded_call(self, edge_index, pair[0])
+        check_sharded_call(self, edge_index, pair[0], self.node_dim)
         # The stock mean ignores a SparseTensor's values but weighs torch.sparse messages.
         return make_aggregation(edge_index, None, n_src, n_dst, self.flow == "target_to_source", MEAN,
                                 aux_dtype_for(pair[0].dtype), values_from=("torch.sparse",))

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parameter import is_lazy
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .context import ShardingContext, check_agreement
@@ -42,7 +43,8 @@ def replicate(model: torch.nn.Module, ctx: ShardingContext) -> DistributedDataPa
             model sized from features of another width), on every rank.
     """
     refuse_unshardable_layers(model)
-    params = [(tuple(p.shape), str(p.dtype)) for p in model.parameters()]
+    # lazy parameters have no shape yet: DDP refuses them itself, with its own advice
+    params = [(tuple(p.shape), str(p.dtype)) for p in model.parameters() if not is_lazy(p)]
     check_agreement("replicating the model", [len(params), zlib.crc32(repr(params).encode())],
                     ("parameters", "parameter shapes and dtypes (a hash)"), ctx.device,
                     "the ranks built different models; every rank must build the same model (same layers, widths "

@@ -76,23 +76,30 @@ class ShardedAdjacency:
             self._graphs[key] = found
         return found
 
-    def check_call(self, layer, x: torch.Tensor) -> None:
-        """On ``layer``'s first call with features of ``x``'s width and dtype, checks with every
-        rank that they call it alike (:func:`check_agreement`: a host sync, once per layer and
-        kind of input). Ranks given features of another width or dtype (another dataset, a cast
-        on one rank) would otherwise exchange rows of different sizes or build different graphs
-        while the others exchange. Called by the drop-in layers before they ask for a graph; not
-        while tracing or capturing (their first eager calls came before)."""
-        key = (math.prod(x.shape[1:]), x.dtype)
+    @torch.compiler.disable  # a collective and a host sync: eager, also inside a compiled model
+    def check_call(self, layer, x: torch.Tensor, node_dim: int = 0) -> None:
+        """On ``layer``'s first call with features of ``x``'s width and dtype (``node_dim``: its
+        node dimension), checks with every rank that they call it alike (:func:`check_agreement`:
+        two small all-gathers and a host sync, once per layer and kind of input), and that each
+        rank's ``x`` holds its rows on its device. Ranks given features of another width or dtype
+        (another dataset, a cast on one rank) would otherwise exchange rows of different sizes or
+        build different graphs while the others exchange, and a rank that refused its input alone
+        would leave the others waiting for the timeout. Called by the drop-in layers before they
+        ask for a graph; not while a CUDA graph is captured (its warm-up's eager calls came first)."""
+        node_dim %= max(x.dim(), 1)
+        key = (math.prod(n for i, n in enumerate(x.shape) if i != node_dim), x.dtype)
         seen = layer.__dict__.setdefault("_fgplugin_sharded_calls", set())
-        if key in seen or torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if key in seen or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             return
         check_agreement("a layer's first call on a sharded graph",
-                        [zlib.crc32(type(layer).__name__.encode()), key[0], _dtype_code(x.dtype)],
-                        ("layer class (a hash of its name)", "features per row",
-                         "features' dtype (" + ", ".join(f"{i} {str(d)[6:]}" for i, d in enumerate(_DTYPES)) + ")"),
-                        self.ctx.device, f"the ranks call {type(layer).__name__} on different features; every rank "
-                                         f"must pass its rows of the same features (same width and dtype)")
+                        [zlib.crc32(type(layer).__name__.encode()), key[0], _dtype_code(x.dtype),
+                         int(x.dim() > node_dim and x.shape[node_dim] == self.num_rows), int(x.device == self.device)],
+                        ("layer class (a hash of its name)", "features per node",
+                         "features' dtype (" + ", ".join(f"{i} {str(d)[6:]}" for i, d in enumerate(_DTYPES)) + ")",
+                         f"x holds this rank's rows (dim {node_dim})", "x is on this rank's device"),
+                        self.ctx.device, f"the ranks call a layer on different features, or different layers (here "
+                                         f"{type(layer).__name__}); every rank must pass its rows of the same features "
+                                         f"(same width and dtype, on its device) to the same model")
         seen.add(key)
 
     @property
@@ -129,7 +136,7 @@ _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _dtype_code(dtype: torch.dtype) -> int:
-    return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
+    return _DTYPES.index(dtype) if dtype in _DTYPES else zlib.crc32(str(dtype).encode())
 
 
 def block_order(edge_index: torch.Tensor, num_nodes: int, ctx: ShardingContext,

@@ -245,7 +245,7 @@ class ShardedGraph:
         symmetric = _same_multiset(dst * n + src, torch.cat(leaving) if leaving else src.new_zeros(0))
         del leaving
 
-        perm_hash = 0 if perm is None else int(_add_pair_hashes(torch.zeros_like(hashes), torch.arange(n, device=device),
+        perm_hash = 0 if perm is None else int(_add_pair_hashes(hashes.new_zeros(1), torch.arange(n, device=device),
                                                                 perm)[0])
         min_work, live_fraction, max_misses, max_kept = LiveRowExchange.settings(device)
         fingerprint = [n, num_edges, *hashes.tolist(), perm_hash, ctx.world_size, ctx.replication,
@@ -705,10 +705,11 @@ def _resolve_comm(read_rows: int, other_rows: int, device) -> str:
 
 
 def _add_pair_hashes(hashes: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``hashes`` (one per entry of ``_HASHES``) plus the hashes of the pairs ``(a_i, b_i)`` (ids
-    below 2**31) as a multiset: a sum over the pairs of a cubic of a linear key, modulo a prime.
+    """``hashes`` (one per entry of ``_HASHES``, or fewer: the first ones) plus the hashes of the
+    pairs ``(a_i, b_i)`` (ids below 2**31) as a multiset: a sum over the pairs of a cubic of a linear key, modulo a prime.
     The cubic is what catches a rewiring that keeps every degree (two edges swapping targets), which
     leaves a sum of linear keys unchanged."""
+    a, b = a.long(), b.long()  # the products below need int64
     out = []
     for (prime, ca, cb), h in zip(_HASHES, hashes):
         key = (a * ca + b * cb + 12345) % prime

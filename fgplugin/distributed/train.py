@@ -4,6 +4,7 @@ that makes DDP's averaged gradients the single-process ones is :func:`masked_los
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import warnings
@@ -95,8 +96,11 @@ class DistributedTrainer:
             raise TypeError(f"DistributedTrainer trains on this rank's ShardedGraph or ShardedAdjacency "
                             f"(ShardedGraph.from_edge_index, shard, shard_dgl), not a {type(graph).__name__}")
         self.graph, self.x, self.y, self.optimizer = graph, x, y, optimizer
-        # what a checkpoint records of the graph (sizes and edge hashes), equal on every rank
-        self._graph_id = (graph.base if isinstance(graph, ShardedAdjacency) else graph).fingerprint[:4]
+        # What a checkpoint records of the graph (sizes and edge hashes) and of the sharding that
+        # the ranks' random states belong to (ranks, replication, the node order's hash).
+        fingerprint = (graph.base if isinstance(graph, ShardedAdjacency) else graph).fingerprint
+        self._graph_id = fingerprint[:4]
+        self._sharding = [graph.ctx.world_size, graph.ctx.replication, fingerprint[4]]
         self.masks = {"train": train_mask, "val": val_mask, "test": test_mask}
         self.epoch = 0
         with self._guard("setup"):
@@ -153,16 +157,15 @@ class DistributedTrainer:
         rank got here; if rank 0 cannot write, every rank raises at once (rank 0 its error, the
         others a ``RuntimeError`` naming it)."""
         path, ctx = Path(path), self.graph.ctx
-        with self._guard("save_checkpoint"):
+        with self._guard("save_checkpoint"), _on(ctx.device):
             rng = [None] * ctx.world_size
             dist.all_gather_object(rng, _rng_state(ctx.device))
         failure, error = [None], None
         if ctx.rank == 0:
             try:
                 buffer = io.BytesIO()
-                state = {**self.state_dict(), "rng": rng, "sharding": [ctx.world_size, ctx.replication]}
-                torch.save(_to_cpu(state), buffer)
-                write_atomically(path, buffer.getvalue())
+                torch.save(_to_cpu({**self.state_dict(), "rng": rng, "sharding": self._sharding}), buffer)
+                write_atomically(path, buffer.getvalue(), private=False)
             except Exception as err:  # noqa: BLE001 - told to every rank, then raised
                 failure[0], error = f"{type(err).__name__}: {err}", err
         with self._guard("save_checkpoint"):
@@ -202,15 +205,13 @@ class DistributedTrainer:
         self.model.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.epoch = int(state["epoch"])
-        sharding = [ctx.world_size, ctx.replication]
-        if list(state.get("sharding", [])) == sharding:
+        if state["format"] > 1 and list(state["sharding"]) == self._sharding:
             _set_rng_state(state["rng"][ctx.rank], ctx.device)
         else:
-            written_by = (f"{state['sharding'][0]} ranks with replication {state['sharding'][1]}" if "sharding" in state
-                          else "an fgplugin that kept no random states (format 1)")
-            warnings.warn(f"{path} was written by {written_by}, and this run has {sharding[0]} with replication "
-                          f"{sharding[1]}: the random states are not restored, so dropout draws other masks than an "
-                          f"uninterrupted run would", stacklevel=2)
+            written = "with another sharding (ranks, replication or node order)" if state["format"] > 1 else \
+                "by an fgplugin that kept no random states (format 1)"
+            warnings.warn(f"{path} was written {written}: the random states are not restored, so dropout draws "
+                          f"other masks than an uninterrupted run would", stacklevel=2)
         return self.epoch
 
     def _check_checkpoint(self, path, state) -> None:
@@ -219,14 +220,40 @@ class DistributedTrainer:
             what = f"format {state.get('format')!r}" if isinstance(state, dict) else f"a {type(state).__name__}"
             raise ValueError(f"{path}: not an fgplugin.distributed checkpoint ({what}); DistributedTrainer."
                              f"save_checkpoint writes them")
-        missing = [key for key in _CHECKPOINT_KEYS if key not in state]
+        keys = _CHECKPOINT_KEYS + (("rng", "sharding") if state["format"] > 1 else ())
+        missing = [key for key in keys if key not in state]
         if missing:
             raise ValueError(f"{path}: an fgplugin.distributed checkpoint without {', '.join(missing)} (damaged?)")
+        if not _checkpoint_fields_valid(state):
+            raise ValueError(f"{path}: an fgplugin.distributed checkpoint whose epoch, model, optimizer, graph, random "
+                             f"states or sharding are not what save_checkpoint writes (damaged?)")
         # format 1 hashed the edges otherwise: only its graph's sizes can be compared
         compared = 2 if state["format"] == 1 else 4
         if list(state["graph"])[:compared] != list(self._graph_id)[:compared]:
             raise ValueError(f"{path} was written for another graph (fingerprint {list(state['graph'])[:compared]} "
                              f"vs {list(self._graph_id)[:compared]} here)")
+
+
+def _checkpoint_fields_valid(state: dict) -> bool:
+    """Whether a checkpoint's fields have the types :meth:`DistributedTrainer.save_checkpoint`
+    writes (checked before any is applied: a damaged file must not be half loaded, nor loaded on
+    some ranks only)."""
+    def ints(value, length):
+        return isinstance(value, (list, tuple)) and len(value) == length and all(type(v) is int for v in value)
+
+    if type(state["epoch"]) is not int or not isinstance(state["model"], dict) or \
+            not isinstance(state["optimizer"], dict) or not ints(state["graph"], 4):
+        return False
+    if state["format"] == 1:
+        return True
+    rng = state["rng"]
+    return ints(state["sharding"], 3) and isinstance(rng, list) and len(rng) == state["sharding"][0] and all(
+        isinstance(r, dict) and isinstance(r.get("cpu"), torch.Tensor) and r["cpu"].dtype == torch.uint8 for r in rng)
+
+
+def _on(device: torch.device):
+    """The CUDA device context of ``device`` (NCCL's object collectives use the current device), or nothing."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _rng_state(device: torch.device) -> dict:
