@@ -180,8 +180,9 @@ class DistributedTrainer:
         """Resume from :meth:`save_checkpoint`'s file: rank 0 reads it and broadcasts it (no shared
         file system needed: only rank 0's copy counts, also for whether there is one). The
         sharding may differ from the run that wrote it; the graph may not. Each rank takes back its
-        random state where the run that wrote the file had as many ranks and the same replication
-        (else a warning says the dropout masks will differ from an uninterrupted run's). Returns the epoch
+        random state where the run that wrote the file had as many ranks, the same replication and
+        the same node order (else a warning says the dropout masks will differ from an uninterrupted
+        run's). A damaged file is refused on every rank before anything is applied. Returns the epoch
         to continue from, or ``None`` on every rank where rank 0 has no such file and ``missing_ok``
         (else every rank raises ``FileNotFoundError``)."""
         ctx, holder = self.graph.ctx, [None]
