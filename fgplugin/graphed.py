@@ -54,8 +54,9 @@ What capture needs, and what this does about it:
 - The step returns a new tensor holding the loss each time (a copy of the graph's own, which the
   next replay overwrites).
 
-Where capture is impossible (no CUDA device, a model that syncs, an op that cannot be captured)
-the step runs eagerly and fgplugin warns once, saying why.
+Where capture is impossible (no CUDA device, a model that syncs, an op that cannot be captured,
+a sharded graph of fgplugin.distributed among the inputs) the step runs eagerly and fgplugin warns
+once, saying why.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ from typing import Callable
 import torch
 
 from . import autotune, capture_holds
+from .aggregation import is_distributed
 
 
 class GraphedStepWarning(RuntimeWarning):
@@ -84,8 +86,18 @@ def graphed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
     if warmup < 1:
         raise ValueError(f"warmup must be at least 1 (the capture needs the step run once), got {warmup}")
     step = _GraphedStep(model, optimizer, loss_fn, inputs, autocast, before_step)
-    if step.device is None or step.device.type != "cuda":
-        step.fall_back(f"CUDA graphs need the model and inputs on a CUDA device, not {step.device}")
+    reason = None
+    if any(is_distributed(i, "sharded_data", "ShardedAdjacency") or is_distributed(i, "sharding", "ShardedGraph")
+           for i in inputs):
+        # Decided on every rank alike, before a warm-up on a side stream: a capture of such a step
+        # failed on a host sync ("operation not permitted when stream is capturing", 2 H200s,
+        # docs/results.md section 44) after the ranks had posted collectives into it.
+        reason = ("capturing a step over a sharded graph (fgplugin.distributed) is not supported: its row "
+                  "exchanges and DistributedDataParallel's all-reduce run eagerly")
+    elif step.device is None or step.device.type != "cuda":
+        reason = f"CUDA graphs need the model and inputs on a CUDA device, not {step.device}"
+    if reason is not None:
+        step.fall_back(reason)
         for _ in range(warmup):  # the same training as a captured step's
             step.eager()
         return step
