@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import weakref
+import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -201,15 +202,17 @@ def check_context(ctx, where: str) -> None:
 _AGREEMENTS = ("building a sharded graph", "a layer's first call on a sharded graph", "replicating the model")
 
 
-def check_agreement(what: str, values: list[int], names: tuple[str, ...], device, problem: str) -> None:
+def check_agreement(what: str, values: list[int | str], names: tuple[str, ...], device, problem: str) -> None:
     """Collective over the default group: raises ``ValueError`` on every rank where the ranks'
-    ``values`` (ints named by ``names``) differ, saying ``problem`` and each differing value by
-    rank; where some rank is at another check (``what``, one of ``_AGREEMENTS``: the ranks run
-    different code), says that instead. One small all-gather of sizes, one of values, one host sync.
+    ``values`` (named by ``names``; a string is compared by its CRC-32, the same in every
+    process) differ, saying ``problem`` and each differing value by rank; where some rank is at
+    another check (``what``, one of ``_AGREEMENTS``: the ranks run different code), says that
+    instead. One small all-gather of sizes, one of values, one host sync.
 
     Ranks that disagree on what they build or multiply would otherwise post collectives of
     different sizes, which gloo answers by aborting the process and NCCL by hanging until the
     timeout."""
+    values = [zlib.crc32(v.encode()) if isinstance(v, str) else v for v in values]
     mine = torch.tensor([_AGREEMENTS.index(what), *values], dtype=torch.long, device=device)
     sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(dist.get_world_size())]
     dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.long, device=device))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-import zlib
 
 import torch
 import torch.distributed as dist
@@ -45,7 +44,7 @@ def replicate(model: torch.nn.Module, ctx: ShardingContext) -> DistributedDataPa
     refuse_unshardable_layers(model)
     # lazy parameters have no shape yet: DDP refuses them itself, with its own advice
     params = [(tuple(p.shape), str(p.dtype)) for p in model.parameters() if not is_lazy(p)]
-    check_agreement("replicating the model", [len(params), zlib.crc32(repr(params).encode())],
+    check_agreement("replicating the model", [len(params), repr(params)],
                     ("parameters", "parameter shapes and dtypes (a hash)"), ctx.device,
                     "the ranks built different models; every rank must build the same model (same layers, widths "
                     "and dtypes: a model sized from the features needs the same features on every rank)")

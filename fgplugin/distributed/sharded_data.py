@@ -16,7 +16,6 @@ bf16 on the wire).
 from __future__ import annotations
 
 import math
-import zlib
 
 import torch
 
@@ -92,7 +91,7 @@ class ShardedAdjacency:
         if key in seen or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             return
         check_agreement("a layer's first call on a sharded graph",
-                        [zlib.crc32(type(layer).__name__.encode()), key[0], _dtype_code(x.dtype),
+                        [type(layer).__name__, key[0], _dtype_code(x.dtype),
                          int(x.dim() > node_dim and x.shape[node_dim] == self.num_rows), int(x.device == self.device)],
                         ("layer class (a hash of its name)", "features per node",
                          "features' dtype (" + ", ".join(f"{i} {str(d)[6:]}" for i, d in enumerate(_DTYPES)) + ")",
@@ -135,8 +134,8 @@ class ShardedAdjacency:
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def _dtype_code(dtype: torch.dtype) -> int:
-    return _DTYPES.index(dtype) if dtype in _DTYPES else zlib.crc32(str(dtype).encode())
+def _dtype_code(dtype: torch.dtype) -> int | str:
+    return _DTYPES.index(dtype) if dtype in _DTYPES else str(dtype)
 
 
 def block_order(edge_index: torch.Tensor, num_nodes: int, ctx: ShardingContext,
