@@ -30,7 +30,7 @@ from torch.overrides import has_torch_function
 from . import _extension, capture_holds, cusparse, grad_rows, repeated_calls
 from ._csr import aux_dtype_for, rows_of_edges
 from .config import settings
-from .eager import plain_eager
+from .eager import any_requires_grad, plain_eager
 from .inference_mode import outside_inference_mode
 from .reference import (dense_tile_arch_reference, dropout_reference, nonzero_rows_reference, pad_columns_reference,
                         sddmm_reference, set_wgmma_reference, spmm_if_reference, spmm_reference)
@@ -133,7 +133,7 @@ def _autograd_kernel(op, function, defaults: tuple = ()):
     def kernel(keyset, *args):
         if full is not None and len(args) < full:
             args = (*args, *defaults[len(args) - full:])
-        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+        if torch.is_grad_enabled() and any_requires_grad(*args):
             return function.apply(keyset, *args)
         refuse_forward_ad(args)
         return _below_autograd(op, keyset, args)
@@ -260,7 +260,7 @@ def run_spmm(args: OpArgs, needs_grad: bool | None = None, route=None) -> torch.
     if torch.is_autocast_enabled(x.device.type):
         args = args._replace(x=_in_autocast_dtype(x))
     if needs_grad is None:
-        needs_grad = torch.is_grad_enabled() and torch._C._any_requires_grad(*args)
+        needs_grad = torch.is_grad_enabled() and any_requires_grad(*args)
     if not needs_grad:
         refuse_forward_ad(args)
     return eager_route(args, needs_grad)(args)
@@ -297,7 +297,7 @@ def _wrt_x_alone(args: OpArgs) -> bool:
     whose steps are bound by host time: a product and its backward on a 64-node graph took 54 us
     against 72 with the Python node, 2-core CPU)."""
     return (_extension.status.loaded and args.t_rowptr is not None and args.x.requires_grad
-            and not torch._C._any_requires_grad(args.values, args.row_scale, args.col_scale, args.diag)
+            and not any_requires_grad(args.values, args.row_scale, args.col_scale, args.diag)
             and not grad_rows.may_apply(args.t_col.numel(), args.x.shape[1], args.x.device.type)
             and torch.autograd.forward_ad._current_level < 0)  # forward AD: C++ nodes have no jvp
 

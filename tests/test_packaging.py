@@ -1,4 +1,5 @@
-"""pyproject.toml ships every package of the source tree (its package list is explicit)."""
+"""pyproject.toml ships every package of the source tree (its package list is explicit) and builds
+with the setuptools it asks for."""
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,18 @@ def test_no_import_cycles_in_the_package():
     for name in sorted(graph):
         if name not in state:
             visit(name)
+
+
+def test_build_requirement_reads_the_license_fields():
+    """An SPDX ``license`` string and ``license-files`` need setuptools >= 77 (PEP 639): with an
+    older one in the build environment (``--no-build-isolation`` in a fresh venv) the metadata
+    step fails on them."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    if not (isinstance(config["project"].get("license"), str) or "license-files" in config["project"]):
+        pytest.skip("no PEP 639 license fields in pyproject.toml")
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    setuptools = next(Requirement(r) for r in config["build-system"]["requires"] if Requirement(r).name == "setuptools")
+    assert setuptools.specifier.contains(Version("77")), setuptools
+    assert not setuptools.specifier.contains(Version("76.9")), f"raise the build requirement to setuptools>=77: {setuptools}"
