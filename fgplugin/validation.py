@@ -9,15 +9,22 @@ import torch
 from .tile_density import check_threshold
 
 
-def _plain(tensor: torch.Tensor) -> torch.Tensor:
-    # PyG's EdgeIndex and other Tensor subclasses: the checks need only the data.
-    return tensor.as_subclass(torch.Tensor) if type(tensor) is not torch.Tensor else tensor
+def plain_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The data of a Tensor subclass (PyG's ``EdgeIndex``...) as a plain tensor, without a copy."""
+    if type(tensor) is torch.Tensor:
+        return tensor
+    # PyG's EdgeIndex and Index keep their data in a tensor of their own, which `as_tensor`
+    # returns; under torch < 2.5 `as_subclass` refuses them ("already associated to a python
+    # object of type EdgeIndex").
+    as_tensor = getattr(tensor, "as_tensor", None)
+    plain = as_tensor() if callable(as_tensor) else None
+    return plain if type(plain) is torch.Tensor else tensor.as_subclass(torch.Tensor)
 
 
 def check_edge_index(edge_index) -> torch.Tensor:
     if not isinstance(edge_index, torch.Tensor):
         raise TypeError(f"edge_index must be a torch.Tensor of shape [2, E], got {type(edge_index).__name__}")
-    edge_index = _plain(edge_index)
+    edge_index = plain_tensor(edge_index)
     if edge_index.is_sparse or edge_index.layout != torch.strided:
         raise TypeError("edge_index must be a dense [2, E] tensor; for a sparse adjacency use "
                         "TiledAdjacency.from_csr or from_scipy")
@@ -39,7 +46,7 @@ def check_edge_index(edge_index) -> torch.Tensor:
 def check_edge_values(values, num_edges: int, name: str, device: torch.device, check_finite: bool = True) -> torch.Tensor:
     if not isinstance(values, torch.Tensor):
         raise TypeError(f"{name} must be a floating-point torch.Tensor of shape [{num_edges}], got {type(values).__name__}")
-    values = _plain(values)
+    values = plain_tensor(values)
     if not values.dtype.is_floating_point:
         raise TypeError(f"{name} must be floating point (float32 or float64), got {values.dtype}; use {name}.float()")
     if values.dim() != 1 or values.numel() != num_edges:
@@ -63,7 +70,7 @@ def check_csr(rowptr, col, shape):
     for name, t in (("rowptr", rowptr), ("col", col)):
         if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name} must be a 1-D int32 or int64 tensor")
-    rowptr, col = _plain(rowptr).long(), _plain(col).long()
+    rowptr, col = plain_tensor(rowptr).long(), plain_tensor(col).long()
     if rowptr.device != col.device:
         raise ValueError(f"rowptr is on {rowptr.device} but col is on {col.device}")
     if rowptr.numel() == 0 or int(rowptr[0]) != 0 or int(rowptr[-1]) != col.numel():
@@ -108,7 +115,7 @@ def check_perm(perm, n: int, device: torch.device, what: str = "perm") -> torch.
     meaning = "new -> old node ids" if what == "perm" else "positions"
     if not isinstance(perm, torch.Tensor) or perm.dim() != 1 or perm.numel() != n or perm.dtype.is_floating_point:
         raise ValueError(f"{what} must be a 1-D integer tensor of length {n} ({meaning})")
-    perm = _plain(perm).to(device=device, dtype=torch.long)
+    perm = plain_tensor(perm).to(device=device, dtype=torch.long)
     seen = torch.zeros(n, dtype=torch.bool, device=device)
     if n and (int(perm.min()) < 0 or int(perm.max()) >= n or not bool(seen.index_fill_(0, perm, True).all())):
         raise ValueError(f"{what} must be a permutation of 0..{n - 1}; it has repeated or out-of-range ids")

@@ -44,3 +44,15 @@ def test_any_requires_grad_fallback_agrees_with_torch(grad):
     for args in cases:
         assert _any_tensor_requires_grad(*args) == torch._C._any_requires_grad(*args), args
     assert any_requires_grad is torch._C._any_requires_grad
+
+
+def test_an_edge_index_subclass_gives_its_data_without_a_copy():
+    """PyG's ``EdgeIndex`` keeps its data in a tensor of its own; under torch 2.4
+    ``as_subclass(torch.Tensor)`` refuses it, and every PyG layer given one ran the stock code."""
+    from fgplugin.validation import plain_tensor
+
+    EdgeIndex = pytest.importorskip("torch_geometric", reason="PyG is an optional dependency").EdgeIndex
+    data = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    plain = plain_tensor(EdgeIndex(data, sparse_size=(3, 3)))
+    assert type(plain) is torch.Tensor and plain.data_ptr() == data.data_ptr() and torch.equal(plain, data)
+    assert plain_tensor(data) is data

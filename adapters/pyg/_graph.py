@@ -24,6 +24,7 @@ from torch_geometric.typing import SparseTensor
 
 from fgplugin import TiledAdjacency
 from fgplugin.inference_mode import outside_inference_mode
+from fgplugin.validation import plain_tensor
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 SPARSE_KINDS = ("torch.sparse", "SparseTensor")  # inputs that carry their own edge values
@@ -131,7 +132,7 @@ def input_kind(source) -> str | None:
 
 def _build(source, kind: str, n_src, n_dst, flip: bool) -> Graph:
     if kind == "edge_index":
-        edge_index = source.as_subclass(torch.Tensor).long()  # EdgeIndex: its data only
+        edge_index = plain_tensor(source).long()  # EdgeIndex: its data only
         if flip:
             edge_index = edge_index.flip(0)
         _check_ids(edge_index, n_src, n_dst)
