@@ -5,7 +5,10 @@ dispatch modes) the ops go through the dispatcher and their registered kernels, 
 machineries know how to handle."""
 from __future__ import annotations
 
+import functools
+
 import torch
+from torch.torch_version import TorchVersion
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
@@ -24,3 +27,23 @@ def _any_tensor_requires_grad(*args) -> bool:
 #: ``any_requires_grad(*args)``: whether a tensor among ``args`` requires grad. torch's C++ check
 #: where it has one (torch >= 2.5); the hot paths call it on every product.
 any_requires_grad = getattr(torch._C, "_any_requires_grad", _any_tensor_requires_grad)
+
+
+#: Whether torch.compile traces fgplugin's layers. The dynamo of torch 2.4-2.9 cannot call a
+#: NamedTuple holding tensors or read its properties (fgplugin's aggregations): tracing failed
+#: inside dynamo ("TensorVariable() is not a constant"). 2.11 traces them; 2.10 was not tried.
+DYNAMO_TRACES_FGPLUGIN = TorchVersion(torch.__version__) >= (2, 11)
+
+
+def eager_in_old_dynamo(fn):
+    """``fn`` itself where dynamo traces fgplugin (:data:`DYNAMO_TRACES_FGPLUGIN`); before that,
+    ``fn`` run eagerly when torch.compile traces a call of it (one graph break: the rest of the
+    model is compiled, fgplugin's part runs as in eager mode)."""
+    if DYNAMO_TRACES_FGPLUGIN:
+        return fn
+    eager = torch.compiler.disable(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return eager(*args, **kwargs) if torch.compiler.is_compiling() else fn(*args, **kwargs)
+    return call

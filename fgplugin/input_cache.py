@@ -230,6 +230,9 @@ def _context_allows() -> bool:
 
 
 _top_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+#: Whether this torch can be asked for saved-tensor hooks (checkpointing): without, turn the cache
+#: off (:func:`fgplugin.set_input_cache`) for models under non-reentrant activation checkpointing.
+SEES_SAVED_TENSOR_HOOKS = _top_saved_tensor_hooks is not None
 
 
 def _saved_tensor_hooks_active() -> bool:

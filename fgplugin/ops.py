@@ -198,6 +198,13 @@ class OpArgs(NamedTuple):
         return OpArgs(self.t_rowptr, self.t_col, self.t_values, g, out_scale, self.row_scale, self.diag, self.t_plan,
                       self.t_plan_layout, self.rowptr, self.col, self.values, self.plan, self.plan_layout)
 
+    def with_epilogue(self, bias: torch.Tensor | None, width: int) -> "OpArgs":
+        """These arguments with ``bias`` and ``width``. Built field by field as :meth:`adjoint`
+        is: the dynamo of torch 2.5-2.7 fails on ``_replace``, and that of 2.7 on slices of a NamedTuple."""
+        return OpArgs(self.rowptr, self.col, self.values, self.x, self.row_scale, self.col_scale, self.diag, self.plan,
+                      self.plan_layout, self.t_rowptr, self.t_col, self.t_values, self.t_plan, self.t_plan_layout,
+                      bias, width)
+
     def call(self, needs_grad: bool | None = None) -> torch.Tensor:
         return run_spmm(self, needs_grad)
 
@@ -519,7 +526,7 @@ def _product_args(adj: TiledAdjacency, x: torch.Tensor, row_scale, col_scale, di
         if bias is None:
             return args, with_transpose
         width = -1  # nothing to cut: no int for torch.compile to specialize a dynamic width on
-    return args._replace(bias=bias, width=width), needs_grad
+    return args.with_epilogue(bias, width), needs_grad
 
 
 def checked_epilogue(x: torch.Tensor, bias, width, name: str) -> tuple:

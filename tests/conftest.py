@@ -7,6 +7,18 @@ import torch
 
 import fgplugin  # noqa: F401  (builds/loads the kernels once, before any test runs)
 from fgplugin.datasets import ENV_VAR, data_dir
+from fgplugin.eager import DYNAMO_TRACES_FGPLUGIN
+
+#: ``torch.compile(..., fullgraph=FULLGRAPH)`` for a model of fgplugin's layers: where dynamo
+#: cannot trace them (fgplugin.eager.DYNAMO_TRACES_FGPLUGIN) they run eagerly behind a graph break,
+#: and the tests of compiled layers check their results only. ``from conftest import FULLGRAPH``.
+FULLGRAPH = DYNAMO_TRACES_FGPLUGIN
+
+
+def traced_whole(graph_break_count: int) -> bool:
+    """Whether ``torch._dynamo.explain``'s count fits: no graph break where dynamo traces
+    fgplugin's layers, any count where it cannot."""
+    return graph_break_count == 0 or not FULLGRAPH
 
 
 def require_data_dir() -> Path:

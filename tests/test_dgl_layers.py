@@ -18,6 +18,7 @@ except ImportError as err:  # CI installs DGL: there a broken shim must fail, no
 import fgplugin  # noqa: E402
 from fgplugin.dgl._import_shim import graphbolt_needs_shim  # noqa: E402
 from fgplugin.testing import record_spmm_widths  # noqa: E402
+from conftest import FULLGRAPH  # noqa: E402
 
 dgl = fd.import_dgl()
 import dgl.nn as dgl_nn  # noqa: E402
@@ -354,6 +355,8 @@ def test_a_hooked_linear_map_sees_what_stock_gives_it(layer, args, linear):
         fgplugin.set_input_cache(previous)
 
 
+@pytest.mark.skipif(not fgplugin.input_cache.SEES_SAVED_TENSOR_HOOKS, reason="this torch cannot be asked for "
+                    "saved-tensor hooks: checkpointed models turn the input cache off (docs/design.md)")
 @pytest.mark.parametrize("layer", ["GraphConv", "SAGEConv", "SGConv"])
 def test_checkpointed_layers_train_as_stock_from_the_first_step(layer):
     """Under non-reentrant activation checkpointing the input cache stays out (the recomputation
@@ -457,10 +460,11 @@ def test_torch_compile():
         counter = CompileCounter()
         with torch.profiler.profile() as prof:
             out = torch.compile(conv, backend=counter)(graph, feat)
-        assert counter.frame_count >= 1 and "fgplugin::spmm" in {e.key for e in prof.key_averages()}
+        # (before torch 2.7 the layer runs eagerly inside the compiled call: no frame of its own)
+        assert counter.frame_count >= FULLGRAPH and "fgplugin::spmm" in {e.key for e in prof.key_averages()}
         assert rel_err(out, stock(graph, feat)) < TOL
         torch._dynamo.reset()
-        assert rel_err(torch.compile(conv, fullgraph=True)(graph, feat), out) < TOL
+        assert rel_err(torch.compile(conv, fullgraph=FULLGRAPH)(graph, feat), out) < TOL
     torch._dynamo.reset()
 
 

@@ -226,6 +226,8 @@ def test_evaluation_in_inference_mode_keeps_the_training_aggregation(spmm_calls)
     assert len(spmm_calls) == calls  # the training step still reads the kept aggregation
 
 
+@pytest.mark.skipif(not fgplugin.input_cache.SEES_SAVED_TENSOR_HOOKS, reason="this torch cannot be asked for "
+                    "saved-tensor hooks: checkpointed models turn the input cache off (docs/design.md)")
 @pytest.mark.parametrize("config", LAYERS)
 def test_checkpointed_layers_train_as_stock_from_the_first_step(config, spmm_calls):
     """Under non-reentrant activation checkpointing (saved-tensor hooks) the cache is neither

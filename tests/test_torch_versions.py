@@ -1,6 +1,7 @@
-"""What the oldest torch that fgplugin accepts (2.4, pyproject.toml) needs of the code, checked
-under the torch CI installs (newer): private torch functions have a fallback, and custom ops keep
-their annotations as objects."""
+"""What the torch releases that fgplugin accepts (2.4 and later, pyproject.toml) need of the code,
+checked under the torch CI installs (newer): private torch functions have a fallback, custom ops
+keep their annotations as objects, PyG's EdgeIndex is read as its data, and where dynamo cannot
+trace the layers they run eagerly inside a compiled model."""
 import ast
 from pathlib import Path
 
@@ -56,3 +57,50 @@ def test_an_edge_index_subclass_gives_its_data_without_a_copy():
     plain = plain_tensor(EdgeIndex(data, sparse_size=(3, 3)))
     assert type(plain) is torch.Tensor and plain.data_ptr() == data.data_ptr() and torch.equal(plain, data)
     assert plain_tensor(data) is data
+
+
+def test_where_dynamo_traces_fgplugin_the_layers_are_left_as_they_are(monkeypatch):
+    from fgplugin import eager
+
+    monkeypatch.setattr(eager, "DYNAMO_TRACES_FGPLUGIN", True)
+
+    def forward(x):
+        return x
+
+    assert eager.eager_in_old_dynamo(forward) is forward
+
+
+def test_a_layer_dynamo_cannot_trace_runs_eagerly_inside_a_compiled_model(monkeypatch):
+    """Before torch 2.11 fgplugin's layers run eagerly behind a graph break inside a compiled model
+    (tracing them failed inside dynamo): the same outputs and gradients as eager, the layer's own
+    code not traced. Forced here on the torch CI runs."""
+    from torch._dynamo.testing import CompileCounter
+
+    from fgplugin import eager
+    from fgplugin.testing import graph_cases
+
+    fp = pytest.importorskip("fgplugin.pyg", reason="PyG is an optional dependency")
+    monkeypatch.setattr(eager, "DYNAMO_TRACES_FGPLUGIN", False)
+    traced = []
+    forward = fp.GCNConv.forward
+
+    def recording_forward(self, *args, **kwargs):
+        traced.append(torch.compiler.is_compiling())
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(fp.GCNConv, "forward", eager.eager_in_old_dynamo(recording_forward))
+    torch._dynamo.reset()
+    case = next(c for c in graph_cases() if c.name == "duplicate_edges")
+    conv1, conv2 = fp.GCNConv(8, 16), fp.GCNConv(16, 4)
+    model = lambda x: conv2((conv1(x, case.edge_index) * 2).relu(), case.edge_index)  # noqa: E731
+    x = torch.randn(case.num_nodes, 8, requires_grad=True)
+    expected = model(x)
+    x_c = x.detach().requires_grad_()
+    counter = CompileCounter()
+    out = torch.compile(model, backend=counter)(x_c)
+    assert traced and not any(traced) and counter.frame_count >= 1  # the model around the layers compiled
+    assert torch.allclose(out, expected, rtol=1e-5, atol=1e-6)
+    grad = torch.randn_like(out)
+    assert torch.allclose(torch.autograd.grad(out, x_c, grad)[0], torch.autograd.grad(expected, x, grad)[0],
+                          rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()

@@ -17,6 +17,7 @@ from torch import Tensor
 from fgplugin import Normalization, TiledAdjacency, input_cache
 from fgplugin._csr import aux_dtype_for, rows_of_edges
 from fgplugin.aggregation import Aggregation, aggregate, cached_propagation, is_distributed, linear_parts, transform
+from fgplugin.eager import eager_in_old_dynamo
 from fgplugin.inference_mode import outside_inference_mode
 
 from ._import_shim import import_dgl
@@ -136,6 +137,7 @@ class GraphConv(_Named, dgl_conv.GraphConv):
     only); ``norm="both"`` uses source out-degrees and destination in-degrees, no self loops.
     """
 
+    @eager_in_old_dynamo
     @outside_inference_mode
     def forward(self, graph, feat, weight=None, edge_weight=None):
         if _is_sharded(graph):
@@ -163,6 +165,7 @@ class SAGEConv(_Named, dgl_conv.SAGEConv):
     other aggregators (gcn, pool, lstm) keep the stock code. Same constructor, parameters,
     ``forward(graph, feat, edge_weight=None)`` and results as the stock layer."""
 
+    @eager_in_old_dynamo
     @outside_inference_mode
     def forward(self, graph, feat, edge_weight=None):
         if _is_sharded(graph):
@@ -213,6 +216,7 @@ class SGConv(_Named, dgl_conv.SGConv):
     ``cached=True`` the propagated features are kept on the first call, as in DGL.
     """
 
+    @eager_in_old_dynamo
     @outside_inference_mode
     def forward(self, graph, feat, edge_weight=None):
         if _is_sharded(graph):

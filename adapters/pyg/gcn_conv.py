@@ -9,6 +9,7 @@ from torch_geometric.typing import Adj, OptTensor, SparseTensor
 
 from fgplugin import TiledAdjacency, layer_calls
 from fgplugin.aggregation import Aggregation, aggregate, aggregate_as_decided
+from fgplugin.eager import eager_in_old_dynamo
 
 from ._aggregation import NONE, NormSpec
 from ._deferred import DeferredAggregation
@@ -36,6 +37,7 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
     # same-named subclass must declare them.
     propagate_type = {"x": Tensor, "edge_weight": OptTensor}
 
+    @eager_in_old_dynamo
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
         out = self._as_decided(x, edge_index, edge_weight)
         if out is not None:  # a call like the previous one (fgplugin.layer_calls)

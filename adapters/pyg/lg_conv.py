@@ -6,6 +6,7 @@ from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor
 
 from fgplugin.aggregation import aggregate
+from fgplugin.eager import eager_in_old_dynamo
 
 from ._aggregation import NONE, NormSpec
 from ._layer import FgpluginLayer, make_aggregation
@@ -24,6 +25,7 @@ class LGConv(FgpluginLayer, pyg_conv.LGConv):
     # same-named subclass must declare them.
     propagate_type = {"x": Tensor, "edge_weight": OptTensor}
 
+    @eager_in_old_dynamo
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
         aggregation = self._served_aggregation(x, edge_index, edge_weight)
         if aggregation is None:

@@ -8,6 +8,7 @@ from torch_geometric.typing import Adj, OptPairTensor, Size
 
 from fgplugin._csr import aux_dtype_for
 from fgplugin.aggregation import aggregate, transform
+from fgplugin.eager import eager_in_old_dynamo
 from fgplugin.inference_mode import outside_inference_mode
 
 from ._aggregation import MEAN
@@ -30,6 +31,7 @@ class SAGEConv(FgpluginLayer, pyg_conv.SAGEConv):
     # same-named subclass must declare them.
     propagate_type = {"x": OptPairTensor}
 
+    @eager_in_old_dynamo
     def forward(self, x: Tensor | OptPairTensor, edge_index: Adj, size: Size = None) -> Tensor:
         pair = (x, x) if isinstance(x, Tensor) else x
         aggregation = None

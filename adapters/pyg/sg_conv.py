@@ -7,6 +7,7 @@ from torch_geometric.nn import conv as pyg_conv
 from torch_geometric.typing import Adj, OptTensor
 
 from fgplugin.aggregation import aggregate, cached_propagation
+from fgplugin.eager import eager_in_old_dynamo
 
 from ._aggregation import NormSpec
 from ._layer import FgpluginLayer, linear, make_aggregation
@@ -28,6 +29,7 @@ class SGConv(FgpluginLayer, pyg_conv.SGConv):
     # same-named subclass must declare them.
     propagate_type = {"x": Tensor, "edge_weight": OptTensor}
 
+    @eager_in_old_dynamo
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
         if self._cached_x is not None:  # as stock: the features propagated on the first call
             return self.lin(self._cached_x.detach())
