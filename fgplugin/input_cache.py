@@ -14,8 +14,8 @@ When a layer uses it (all must hold, else the layer runs as without it, at no ex
   gradient, and no autograd-changing context is active (``torch.compile`` tracing,
   ``torch.func`` transforms, inference mode, saved-tensor hooks: a layer under non-reentrant
   activation checkpointing recomputes its forward in the backward pass, which must save what the
-  forward saved, so neither may be the call that keeps or first reuses ``A x``; torch 2.7 and
-  later can be asked for the hooks, so on older torch turn the cache off for such models);
+  forward saved, so neither may be the call that keeps or first reuses ``A x``; torch 2.9 can be
+  asked for the hooks, 2.7 cannot, so there turn the cache off for such models);
 - the call is the second one in a row to see the same ``x`` object, unchanged since (its
   ``_version``), over the same graph object and normalization: the aggregation is built then, so a
   model called once (inference) never pays for a wider SpMM it will not reuse;
@@ -237,8 +237,8 @@ SEES_SAVED_TENSOR_HOOKS = _top_saved_tensor_hooks is not None
 
 def _saved_tensor_hooks_active() -> bool:
     """Whether default saved-tensor hooks are active (``torch.autograd.graph.saved_tensors_hooks``:
-    non-reentrant checkpointing's forward and its recomputation, ``save_on_cpu``). Torch before
-    2.7 has no way to ask: there this says no."""
+    non-reentrant checkpointing's forward and its recomputation, ``save_on_cpu``). Torch 2.7
+    and older have no way to ask (2.9 has): there this says no."""
     return _top_saved_tensor_hooks is not None and _top_saved_tensor_hooks(True) is not None
 
 
