@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.torch_version import TorchVersion
+from torch.torch_version import Version
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
@@ -25,14 +25,15 @@ def _any_tensor_requires_grad(*args) -> bool:
 
 
 #: ``any_requires_grad(*args)``: whether a tensor among ``args`` requires grad. torch's C++ check
-#: where it has one (torch >= 2.5); the hot paths call it on every product.
+#: where it has one (2.9 has it, 2.7 and older do not, 2.8 was not tried); the hot paths call it
+#: on every product.
 any_requires_grad = getattr(torch._C, "_any_requires_grad", _any_tensor_requires_grad)
 
 
 #: Whether torch.compile traces fgplugin's layers. The dynamo of torch 2.4-2.9 cannot call a
 #: NamedTuple holding tensors or read its properties (fgplugin's aggregations): tracing failed
 #: inside dynamo ("TensorVariable() is not a constant"). 2.11 traces them; 2.10 was not tried.
-DYNAMO_TRACES_FGPLUGIN = TorchVersion(torch.__version__) >= (2, 11)
+DYNAMO_TRACES_FGPLUGIN = Version(torch.__version__).release[:2] >= (2, 11)  # 2.11 pre-releases too
 
 
 def eager_in_old_dynamo(fn):

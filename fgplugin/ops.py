@@ -200,7 +200,7 @@ class OpArgs(NamedTuple):
 
     def with_epilogue(self, bias: torch.Tensor | None, width: int) -> "OpArgs":
         """These arguments with ``bias`` and ``width``. Built field by field as :meth:`adjoint`
-        is: the dynamo of torch 2.5-2.7 fails on ``_replace``, and that of 2.7 on slices of a NamedTuple."""
+        is: the dynamo of torch 2.4-2.7 fails on ``_replace``, and that of 2.7 on slices of a NamedTuple."""
         return OpArgs(self.rowptr, self.col, self.values, self.x, self.row_scale, self.col_scale, self.diag, self.plan,
                       self.plan_layout, self.t_rowptr, self.t_col, self.t_values, self.t_plan, self.t_plan_layout,
                       bias, width)

@@ -10,15 +10,21 @@ from .tile_density import check_threshold
 
 
 def plain_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The data of a Tensor subclass (PyG's ``EdgeIndex``...) as a plain tensor, without a copy."""
+    """The data of a Tensor subclass as a plain tensor where it can be had (else the subclass)."""
     if type(tensor) is torch.Tensor:
         return tensor
-    # PyG's EdgeIndex and Index keep their data in a tensor of their own, which `as_tensor`
-    # returns; under torch < 2.5 `as_subclass` refuses them ("already associated to a python
-    # object of type EdgeIndex").
-    as_tensor = getattr(tensor, "as_tensor", None)
-    plain = as_tensor() if callable(as_tensor) else None
-    return plain if type(plain) is torch.Tensor else tensor.as_subclass(torch.Tensor)
+    try:
+        plain = tensor.as_subclass(torch.Tensor)
+    except RuntimeError:
+        plain = None
+    if type(plain) is torch.Tensor:
+        return plain
+    # PyG's EdgeIndex keeps its data in a tensor of its own, which `as_tensor` returns: torch
+    # 2.4-2.9 refuse `as_subclass` on it ("already associated to a python object of type
+    # EdgeIndex"), 2.13 gives the EdgeIndex back.
+    as_tensor = getattr(type(tensor), "as_tensor", None)
+    data = as_tensor(tensor) if callable(as_tensor) else None
+    return data if type(data) is torch.Tensor else (tensor if plain is None else plain)
 
 
 def check_edge_index(edge_index) -> torch.Tensor:

@@ -355,8 +355,6 @@ def test_a_hooked_linear_map_sees_what_stock_gives_it(layer, args, linear):
         fgplugin.set_input_cache(previous)
 
 
-@pytest.mark.skipif(not fgplugin.input_cache.SEES_SAVED_TENSOR_HOOKS, reason="this torch cannot be asked for "
-                    "saved-tensor hooks: checkpointed models turn the input cache off (docs/design.md)")
 @pytest.mark.parametrize("layer", ["GraphConv", "SAGEConv", "SGConv"])
 def test_checkpointed_layers_train_as_stock_from_the_first_step(layer):
     """Under non-reentrant activation checkpointing the input cache stays out (the recomputation
@@ -366,7 +364,9 @@ def test_checkpointed_layers_train_as_stock_from_the_first_step(layer):
     stock, ours = make_pair(layer, *args)
     feat = torch.randn(graph.num_src_nodes(), 6)
     opts = [torch.optim.Adam(m.parameters(), lr=0.05) for m in (stock, ours)]
-    previous = fgplugin.set_input_cache(True)
+    # where torch cannot be asked for saved-tensor hooks (2.7 and older), what docs/design.md says
+    # to do: the cache off
+    previous = fgplugin.set_input_cache(fgplugin.input_cache.SEES_SAVED_TENSOR_HOOKS)
     try:
         for step in range(4):
             for model, opt in zip((stock, ours), opts):
@@ -460,8 +460,9 @@ def test_torch_compile():
         counter = CompileCounter()
         with torch.profiler.profile() as prof:
             out = torch.compile(conv, backend=counter)(graph, feat)
-        # (before torch 2.7 the layer runs eagerly inside the compiled call: no frame of its own)
-        assert counter.frame_count >= FULLGRAPH and "fgplugin::spmm" in {e.key for e in prof.key_averages()}
+        # where dynamo cannot trace the layer it runs eagerly inside the compiled call: no frame of its own
+        assert counter.frame_count >= (1 if FULLGRAPH else 0)
+        assert "fgplugin::spmm" in {e.key for e in prof.key_averages()}
         assert rel_err(out, stock(graph, feat)) < TOL
         torch._dynamo.reset()
         assert rel_err(torch.compile(conv, fullgraph=FULLGRAPH)(graph, feat), out) < TOL

@@ -227,7 +227,7 @@ def test_evaluation_in_inference_mode_keeps_the_training_aggregation(spmm_calls)
 
 
 @pytest.mark.skipif(not fgplugin.input_cache.SEES_SAVED_TENSOR_HOOKS, reason="this torch cannot be asked for "
-                    "saved-tensor hooks: checkpointed models turn the input cache off (docs/design.md)")
+                    "saved-tensor hooks: checkpointed models turn the input cache off (the next test)")
 @pytest.mark.parametrize("config", LAYERS)
 def test_checkpointed_layers_train_as_stock_from_the_first_step(config, spmm_calls):
     """Under non-reentrant activation checkpointing (saved-tensor hooks) the cache is neither
@@ -254,6 +254,27 @@ def test_checkpointed_layers_train_as_stock_from_the_first_step(config, spmm_cal
     calls = len(spmm_calls)
     ours(x, ei)
     assert len(spmm_calls) == calls  # unchecked again: the kept aggregation serves
+
+
+@pytest.mark.parametrize("config", LAYERS)
+def test_checkpointed_layers_with_the_cache_off_train_as_stock(config):
+    """What docs/design.md says to do where torch cannot be asked for saved-tensor hooks (2.7 and
+    older, where the cache would break non-reentrant checkpointing): with the cache off a
+    checkpointed model trains as the stock one, on every torch."""
+    ei, stock, ours, x, (opt_s, opt_o), target = training_pair(config)
+    previous = fgplugin.set_input_cache(False)
+    try:
+        for step in range(4):
+            for model, opt in ((stock, opt_s), (ours, opt_o)):
+                opt.zero_grad()
+                out = torch.utils.checkpoint.checkpoint(model, x, ei, use_reentrant=False)
+                ((out - target) ** 2).mean().backward()
+                opt.step()
+            for (name, p_s), p_o in zip(stock.named_parameters(), ours.parameters()):
+                assert rel_err(p_o, p_s) < TOL, (step, name)
+        assert not input_cache.of(ours).holds
+    finally:
+        fgplugin.set_input_cache(previous)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

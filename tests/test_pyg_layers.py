@@ -659,7 +659,10 @@ def test_torch_compile_cached_layer_keeps_its_first_graph():
     compiled = torch.compile(conv, fullgraph=FULLGRAPH)
     first = compiled(x, ei.clone())
     other = torch.randint(0, n, (2, 50), generator=torch.Generator().manual_seed(3))
-    assert rel_err(compiled(x, other), first) < TOL  # as the stock layer: later graphs are ignored
+    # as the stock layer: later graphs are ignored (bit for bit where the layer is traced; run
+    # eagerly, its second call reads the kept A x, another rounding)
+    later = compiled(x, other)
+    assert torch.equal(later, first) if FULLGRAPH else rel_err(later, first) < TOL
     fresh = fp.GCNConv(8, 6)
     fresh.load_state_dict(conv.state_dict())
     assert rel_err(first, fresh(x, ei)) < TOL

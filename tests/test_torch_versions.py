@@ -35,7 +35,7 @@ def test_custom_op_modules_keep_annotations_as_objects():
 
 @pytest.mark.parametrize("grad", [False, True])
 def test_any_requires_grad_fallback_agrees_with_torch(grad):
-    """torch < 2.5 has no ``torch._C._any_requires_grad``; the products' check then runs the
+    """torch 2.7 and older have no ``torch._C._any_requires_grad``; the products' check then runs the
     Python fallback, which must answer as torch does for the arguments they pass (tensors, None,
     ints, lists of ints)."""
     if not hasattr(torch._C, "_any_requires_grad"):
@@ -48,8 +48,9 @@ def test_any_requires_grad_fallback_agrees_with_torch(grad):
 
 
 def test_an_edge_index_subclass_gives_its_data_without_a_copy():
-    """PyG's ``EdgeIndex`` keeps its data in a tensor of its own; under torch 2.4
-    ``as_subclass(torch.Tensor)`` refuses it, and every PyG layer given one ran the stock code."""
+    """PyG's ``EdgeIndex`` keeps its data in a tensor of its own: torch 2.4-2.9 refuse
+    ``as_subclass(torch.Tensor)`` on it (every PyG layer given one ran the stock code), and 2.13
+    gives the EdgeIndex back."""
     from fgplugin.validation import plain_tensor
 
     EdgeIndex = pytest.importorskip("torch_geometric", reason="PyG is an optional dependency").EdgeIndex
@@ -104,3 +105,16 @@ def test_a_layer_dynamo_cannot_trace_runs_eagerly_inside_a_compiled_model(monkey
     assert torch.allclose(torch.autograd.grad(out, x_c, grad)[0], torch.autograd.grad(expected, x, grad)[0],
                           rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
+
+
+def test_every_layer_forward_runs_eagerly_where_dynamo_cannot_trace_it():
+    """The decorator is the identity on the torch CI runs, so only the source tells that every
+    drop-in layer's ``forward`` carries it."""
+    missing = []
+    for path in [*sorted((ROOT / "adapters" / "pyg").glob("*_conv.py")), ROOT / "adapters" / "dgl" / "convs.py"]:
+        for cls in (node for node in ast.parse(path.read_text()).body if isinstance(node, ast.ClassDef)):
+            for fn in cls.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "forward" and not any(
+                        isinstance(d, ast.Name) and d.id == "eager_in_old_dynamo" for d in fn.decorator_list):
+                    missing.append(f"{path.relative_to(ROOT)}:{cls.name}")
+    assert not missing, f"decorate these forwards with fgplugin.eager.eager_in_old_dynamo: {missing}"
