@@ -18,8 +18,8 @@ the spmm op's one gradient formula (``fgplugin.ops.input_grads``). The backward 
 differentiable: double backward through this path raises PyTorch's error for ops without
 autograd.
 """
-# No `from __future__ import annotations` here: torch < 2.5 infers a custom op's schema from
-# its annotations as objects and refuses them as strings.
+# No `from __future__ import annotations` here: torch 2.4 infers a custom op's schema from its
+# annotations as objects and refuses them as strings.
 from typing import NamedTuple, Optional
 
 import torch
