@@ -239,7 +239,7 @@ def _saved_tensor_hooks_active() -> bool:
     """Whether default saved-tensor hooks are active (``torch.autograd.graph.saved_tensors_hooks``:
     non-reentrant checkpointing's forward and its recomputation, ``save_on_cpu``). Torch 2.7
     and older have no way to ask (2.9 has): there this says no."""
-    return _top_saved_tensor_hooks is not None and _top_saved_tensor_hooks(True) is not None
+    return SEES_SAVED_TENSOR_HOOKS and _top_saved_tensor_hooks(True) is not None
 
 
 def _constant(x) -> bool:
