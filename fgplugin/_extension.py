@@ -7,13 +7,17 @@ by the torch version, the CUDA flavour and a hash of the sources, so an upgrade 
 rebuilds and a second import loads in well under a second.
 
 CUDA kernels are compiled when torch is a CUDA build and a CUDA toolkit (nvcc) is found
-(``CUDA_HOME``), whether or not a GPU is visible, so a GPU-less build host still produces them
+(``CUDA_HOME``), whether or not a GPU is visible, so a GPU-less build host still produces them.
 ``TORCH_CUDA_ARCH_LIST`` picks the GPU architectures (default here: "8.0;9.0a", or "8.0;9.0"
 with nvcc < 12; a list without "9.0a" builds no wgmma kernel, and Hopper GPUs then run the
 mma.sync one); ``MAX_JOBS`` caps the compiler's parallelism.
 
-If the build fails, fgplugin warns once with the reason and the fix, and the ops run on the
-pure-torch reference path (fgplugin/reference.py).
+If the CUDA part of the build fails (a toolkit without its headers, or one torch guessed wrongly
+from an ``nvcc`` wrapper on PATH), fgplugin builds the CPU kernels alone and warns once with the
+compiler's error and the fix; CUDA tensors then run on the pure-torch reference path. The failure
+is noted in the build folder (``cuda-build-failed.txt``) with the toolkit and architectures it was
+for, so later imports go straight to the CPU build until one of those changes or the note is
+deleted. If the CPU build fails too, every op runs on the reference path (fgplugin/reference.py).
 
 The switches that steer the build (FGPLUGIN_CACHE_DIR, FGPLUGIN_NO_EXTENSION, FGPLUGIN_NO_CUDA,
 FGPLUGIN_VERBOSE_BUILD) are read in fgplugin/config.py.
@@ -125,16 +129,22 @@ def openmp_flags() -> list[str]:
     return ["-fopenmp"] if "OpenMP" in torch.__config__.parallel_info() and sys.platform == "linux" else []
 
 
+def _build_dir(with_cuda: bool) -> Path:
+    """The cache folder of one build: torch version, CUDA or CPU flavour, Python, sources' hash."""
+    flavour = f"cu{torch.version.cuda}" if with_cuda else "cpu"
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"torch{torch.__version__}-{flavour}-py{sys.version_info[0]}{sys.version_info[1]}")
+    return config.cache_dir() / "ext" / f"{tag}-{_sources_hash()}"
+
+
 def _build_and_load(with_cuda: bool) -> tuple[str, object]:
     """(the build folder, the loaded extension module)."""
     from torch.utils import cpp_extension
 
-    flavour = f"cu{torch.version.cuda}" if with_cuda else "cpu"
-    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"torch{torch.__version__}-{flavour}-py{sys.version_info[0]}{sys.version_info[1]}")
-    src_hash = _sources_hash()
-    build_dir = config.cache_dir() / "ext" / f"{tag}-{src_hash}"
+    build_dir = _build_dir(with_cuda)
     build_dir.mkdir(parents=True, exist_ok=True)
-    name = f"fgplugin_ops_{src_hash}"
+    # a name of its own per flavour: torch renames a second build of one name in a process (the
+    # CPU build after a failed CUDA one) to "<name>_v1", which the next process would not find
+    name = f"fgplugin_ops_{'cuda' if with_cuda else 'cpu'}_{build_dir.name.rsplit('-', 1)[-1]}"
     verbose = config.settings.verbose_build
     if not (build_dir / f"{name}.so").exists():
         print(f"fgplugin: compiling the {'CPU+CUDA' if with_cuda else 'CPU'} kernels for torch {torch.__version__} "
@@ -182,6 +192,69 @@ def _exclusive(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_CUDA_FAILURE_NOTE = "cuda-build-failed.txt"
+
+
+def _cuda_toolkit_key() -> str:
+    """What a CUDA build is for beyond its folder's name: the toolkit torch compiles with and the
+    architectures asked for. A failure noted for another key is tried again."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return f"CUDA_HOME={CUDA_HOME}\nTORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '')}\n"
+
+
+def _noted_cuda_failure() -> str | None:
+    """The compiler's error of an earlier failed CUDA build of these sources against this torch
+    and toolkit (``None``: none noted, so the CUDA build is tried)."""
+    try:
+        text = (_build_dir(True) / _CUDA_FAILURE_NOTE).read_text()
+    except OSError:
+        return None
+    key = _cuda_toolkit_key()
+    return (text[len(key):].strip() or "unknown error") if text.startswith(key) else None
+
+
+def _note_cuda_failure(error: str) -> None:
+    """Notes a failed CUDA build (written whole or not at all, so a reader never sees half)."""
+    folder = _build_dir(True)
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f"{_CUDA_FAILURE_NOTE}.{os.getpid()}.tmp"
+    partial.write_text(_cuda_toolkit_key() + error + "\n")
+    os.replace(partial, folder / _CUDA_FAILURE_NOTE)
+
+
+def _compiler_error(error: Exception) -> str:
+    """The line of a failed build's output that names the error (the compiler's first), else its
+    last line: torch's message ends with ninja's "build stopped", which says nothing."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    named = (line for line in lines if re.search(r"\berror\b", line, re.IGNORECASE)
+             and not line.startswith("Error building extension"))
+    return f"{type(error).__name__}: {next(named, lines[-1] if lines else '')}"
+
+
+def _cuda_build() -> tuple[bool, str, tuple[str, object] | None]:
+    """(CUDA kernels built?, why not, the build) for a plan that asks for them: the build, or the
+    failure noted from an earlier one, or this one's failure, noted."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    error = _noted_cuda_failure()
+    if error is None:
+        try:
+            built = _build_and_load(True)
+        except Exception as failure:  # the CPU kernels are still wanted: built next, without CUDA
+            error = _compiler_error(failure)
+            with contextlib.suppress(OSError):  # a cache that cannot be written: tried again next time
+                _note_cuda_failure(error)
+        else:
+            with contextlib.suppress(OSError):
+                (_build_dir(True) / _CUDA_FAILURE_NOTE).unlink(missing_ok=True)  # one for another toolkit
+            return True, "", built
+    return False, (f"the CUDA build failed ({error}); check that CUDA_HOME={CUDA_HOME} is the CUDA toolkit's root "
+                   "(bin/nvcc, include/cuda_runtime.h: set CUDA_HOME, e.g. to /usr/local/cuda, where torch's guess "
+                   "from nvcc on PATH is wrong), run with FGPLUGIN_VERBOSE_BUILD=1 to see the compiler output, and "
+                   f"delete {_build_dir(True) / _CUDA_FAILURE_NOTE} to try again"), None
+
+
 def load() -> ExtensionStatus:
     """Build (first time) and load the kernels into ``torch.ops.fgplugin``; never raises."""
     global kept_spmm
@@ -191,10 +264,13 @@ def load() -> ExtensionStatus:
         status.reason = "FGPLUGIN_NO_EXTENSION=1 is set"
         return status
     with_cuda, why_no_cuda = cuda_build_plan()
+    built = None
+    if with_cuda:
+        with_cuda, why_no_cuda, built = _cuda_build()
     try:
-        status.build_dir, module = _build_and_load(with_cuda)
+        status.build_dir, module = built or _build_and_load(False)
     except Exception as error:  # a failed build must leave fgplugin usable on the reference path
-        status.reason = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+        status.reason = _compiler_error(error)
         warnings.warn(
             "fgplugin could not build its C++ extension against torch "
             f"{torch.__version__} ({status.reason}). Falling back to the pure-torch reference kernels, which "

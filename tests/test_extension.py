@@ -83,3 +83,95 @@ def test_default_arch_list_builds_sm90a_only_where_nvcc_can():
     assert default_cuda_archs("13.0") == "8.0;9.0a"
     assert default_cuda_archs("11.8") == "8.0;9.0"
     assert default_cuda_archs(None) == "8.0;9.0"
+
+
+_CUDA_FAILURE = ("Error building extension 'fgplugin_ops_cuda_0': [1/3] c++ -c args.cpp -o args.o\n"
+                 "FAILED: block_adaptive_plan.o\n"
+                 "/src/csrc/cuda/block_adaptive_spmm.cuh:46:10: fatal error: cuda_runtime_api.h: No such file or directory\n"
+                 "compilation terminated.\nninja: build stopped: subcommand failed.\n")
+
+
+def test_failed_cuda_build_keeps_the_cpu_kernels_and_is_noted(monkeypatch, tmp_path):
+    """A CUDA build that fails (here: a toolkit whose headers are not under the CUDA_HOME torch
+    guessed) still gives the CPU kernels and says why, with the compiler's error line; the failure
+    is noted, so the next process goes straight to the CPU build, until the toolkit, the
+    architectures or the note change."""
+    import types
+
+    import pytest
+
+    import fgplugin._extension as ext
+
+    monkeypatch.setattr(ext.config, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(ext, "cuda_build_plan", lambda: (True, ""))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(ext, "kept_spmm", ext.kept_spmm)
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    builds = []
+
+    def build(with_cuda):
+        builds.append("cuda" if with_cuda else "cpu")
+        if with_cuda:
+            raise RuntimeError(_CUDA_FAILURE)
+        return str(tmp_path / "cpu"), types.SimpleNamespace(KeptSpmm=ext.kept_spmm)
+
+    monkeypatch.setattr(ext, "_build_and_load", build)
+
+    def load_afresh():
+        builds.clear()
+        monkeypatch.setattr(ext, "status", ext.ExtensionStatus())
+        with pytest.warns(ext.ExtensionBuildWarning, match="CUDA kernels not built") as caught:
+            status = ext.load()
+        assert len(caught) == 1
+        return status
+
+    status = load_afresh()
+    assert builds == ["cuda", "cpu"]
+    assert status.loaded and not status.cuda and status.build_dir == str(tmp_path / "cpu")
+    assert "fatal error: cuda_runtime_api.h: No such file or directory" in status.reason
+    assert "CUDA_HOME" in status.reason and "cuda-build-failed.txt" in status.reason
+    note = ext._build_dir(True) / "cuda-build-failed.txt"
+    assert note.is_file() and not list(note.parent.glob("*.tmp"))
+
+    status = load_afresh()  # a later process, same toolkit: no second try
+    assert builds == ["cpu"] and "cuda_runtime_api.h" in status.reason
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")  # other architectures: tried again
+    load_afresh()
+    assert builds == ["cuda", "cpu"]
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    load_afresh()
+    assert builds == ["cuda", "cpu"]  # the note is now for "9.0"
+
+    note.unlink()  # the fix the message names: tried again
+    load_afresh()
+    assert builds == ["cuda", "cpu"]
+
+    # a build that succeeds (here: for other architectures) removes the note of the failed one
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    monkeypatch.setattr(ext, "_build_and_load", lambda with_cuda: (str(tmp_path / "cuda"), types.SimpleNamespace(
+        KeptSpmm=ext.kept_spmm)))
+    monkeypatch.setattr(ext, "status", ext.ExtensionStatus())
+    status = ext.load()
+    assert status.loaded and status.cuda and not status.reason and not note.exists()
+
+
+def test_failed_cpu_build_after_a_failed_cuda_build_runs_the_reference_path(monkeypatch, tmp_path):
+    import pytest
+
+    import fgplugin._extension as ext
+
+    monkeypatch.setattr(ext.config, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(ext, "cuda_build_plan", lambda: (True, ""))
+    monkeypatch.setattr(ext, "status", ext.ExtensionStatus())
+    monkeypatch.setattr(ext, "kept_spmm", ext.kept_spmm)
+
+    def build(with_cuda):
+        raise RuntimeError(_CUDA_FAILURE if with_cuda else "Error building extension 'x'\nFAILED: args.o\n"
+                           "args.cpp:1:10: fatal error: torch/extension.h: No such file or directory\n"
+                           "ninja: build stopped: subcommand failed.")
+
+    monkeypatch.setattr(ext, "_build_and_load", build)
+    with pytest.warns(ext.ExtensionBuildWarning, match="reference kernels"):
+        status = ext.load()
+    assert not status.loaded and "torch/extension.h" in status.reason
