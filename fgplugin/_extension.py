@@ -196,11 +196,13 @@ _CUDA_FAILURE_NOTE = "cuda-build-failed.txt"
 
 
 def _cuda_toolkit_key() -> str:
-    """What a CUDA build is for beyond its folder's name: the toolkit torch compiles with and the
-    architectures asked for. A failure noted for another key is tried again."""
+    """What a CUDA build is for beyond its folder's name: the toolkit torch compiles with (where its
+    path leads: /usr/local/cuda is often a link that an upgrade moves) and the architectures asked
+    for. A failure noted for another key is tried again."""
     from torch.utils.cpp_extension import CUDA_HOME
 
-    return f"CUDA_HOME={CUDA_HOME}\nTORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '')}\n"
+    toolkit = os.path.realpath(CUDA_HOME) if CUDA_HOME else None
+    return f"CUDA_HOME={CUDA_HOME} ({toolkit})\nTORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '')}\n"
 
 
 def _noted_cuda_failure() -> str | None:

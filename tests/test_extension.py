@@ -175,3 +175,22 @@ def test_failed_cpu_build_after_a_failed_cuda_build_runs_the_reference_path(monk
     with pytest.warns(ext.ExtensionBuildWarning, match="reference kernels"):
         status = ext.load()
     assert not status.loaded and "torch/extension.h" in status.reason
+
+
+def test_a_noted_cuda_failure_is_tried_again_when_the_toolkit_link_moves(monkeypatch, tmp_path):
+    """/usr/local/cuda is often a link that a toolkit upgrade points elsewhere: the note is for
+    where it led."""
+    import fgplugin._extension as ext
+    from torch.utils import cpp_extension
+
+    for version in ("12.8", "13.0"):
+        (tmp_path / f"cuda-{version}").mkdir()
+    link = tmp_path / "cuda"
+    link.symlink_to(tmp_path / "cuda-12.8")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(link))
+    monkeypatch.setattr(ext.config, "cache_dir", lambda: tmp_path / "cache")
+    ext._note_cuda_failure("RuntimeError: nvcc fatal: Unsupported gpu architecture")
+    assert ext._noted_cuda_failure() == "RuntimeError: nvcc fatal: Unsupported gpu architecture"
+    link.unlink()
+    link.symlink_to(tmp_path / "cuda-13.0")
+    assert ext._noted_cuda_failure() is None
