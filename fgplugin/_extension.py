@@ -31,6 +31,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,38 +138,55 @@ def _build_dir(with_cuda: bool) -> Path:
 
 
 def _build_and_load(with_cuda: bool) -> tuple[str, object]:
-    """(the build folder, the loaded extension module)."""
+    """(the build folder, the loaded extension module).
+
+    A CUDA build that failed before for the same toolkit and architectures raises
+    :class:`NotedCudaFailure` without compiling; one that fails now is noted, and one that
+    succeeds removes the note. Both happen under the build's lock, so processes that start
+    together (one per rank) try a failing build once."""
     from torch.utils import cpp_extension
 
     build_dir = _build_dir(with_cuda)
     build_dir.mkdir(parents=True, exist_ok=True)
+    note, key = build_dir / _CUDA_FAILURE_NOTE, _cuda_toolkit_key() if with_cuda else ""
+    if with_cuda:
+        _raise_if_noted(note, key)  # the usual way: no wait on another process's build
     # a name of its own per flavour: torch renames a second build of one name in a process (the
     # CPU build after a failed CUDA one) to "<name>_v1", which the next process would not find
     name = f"fgplugin_ops_{'cuda' if with_cuda else 'cpu'}_{build_dir.name.rsplit('-', 1)[-1]}"
-    verbose = config.settings.verbose_build
-    if not (build_dir / f"{name}.so").exists():
-        print(f"fgplugin: compiling the {'CPU+CUDA' if with_cuda else 'CPU'} kernels for torch {torch.__version__} "
-              f"into {build_dir} (once; about a minute)", file=sys.stderr, flush=True)
     saved_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if with_cuda and saved_arch is None:
         os.environ["TORCH_CUDA_ARCH_LIST"] = default_cuda_archs(
             _nvcc_version(cpp_extension.CUDA_HOME) if cpp_extension.CUDA_HOME else None)
     try:
         with _exclusive(build_dir / "fgplugin-build.lock"):
+            if with_cuda:
+                _raise_if_noted(note, key)  # noted by a process this one waited for
+            if not (build_dir / f"{name}.so").exists():
+                print(f"fgplugin: compiling the {'CPU+CUDA' if with_cuda else 'CPU'} kernels for torch "
+                      f"{torch.__version__} into {build_dir} (once; about a minute)", file=sys.stderr, flush=True)
             # torch's own lock file of a build that was killed would make this wait forever: holding
             # ours, no other fgplugin process is building here, so any such file is stale.
             (build_dir / "lock").unlink(missing_ok=True)
-            module = cpp_extension.load(
-                name=name,
-                sources=[str(p) for p in _sources(with_cuda)],
-                extra_cflags=["-O3", *openmp_flags()],
-                extra_ldflags=openmp_flags(),
-                extra_cuda_cflags=["-O3", "-lineinfo"],
-                with_cuda=with_cuda,
-                build_directory=str(build_dir),
-                is_python_module=True,  # the ops register on import; the module adds KeptSpmm
-                verbose=verbose,
-            )
+            try:
+                module = cpp_extension.load(
+                    name=name,
+                    sources=[str(p) for p in _sources(with_cuda)],
+                    extra_cflags=["-O3", *openmp_flags()],
+                    extra_ldflags=openmp_flags(),
+                    extra_cuda_cflags=["-O3", "-lineinfo"],
+                    with_cuda=with_cuda,
+                    build_directory=str(build_dir),
+                    is_python_module=True,  # the ops register on import; the module adds KeptSpmm
+                    verbose=config.settings.verbose_build,
+                )
+            except Exception as failure:
+                if with_cuda:
+                    _write_note(note, key, compiler_error(failure))
+                raise
+            if with_cuda:
+                with contextlib.suppress(OSError):
+                    note.unlink(missing_ok=True)  # a failure for another toolkit
     finally:
         if with_cuda and saved_arch is None:
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
@@ -195,66 +213,85 @@ def _exclusive(path: Path):
 _CUDA_FAILURE_NOTE = "cuda-build-failed.txt"
 
 
+class NotedCudaFailure(Exception):
+    """An earlier CUDA build of these sources against this torch, toolkit and architectures
+    failed: not tried again. The message is that build's error; ``note`` is the file to delete
+    to try again."""
+
+    def __init__(self, error: str, note: Path):
+        super().__init__(error)
+        self.note = note
+
+
 def _cuda_toolkit_key() -> str:
     """What a CUDA build is for beyond its folder's name: the toolkit torch compiles with (where its
     path leads: /usr/local/cuda is often a link that an upgrade moves) and the architectures asked
-    for. A failure noted for another key is tried again."""
+    for (the user's setting, before fgplugin's default). A failure noted for another key is tried
+    again."""
     from torch.utils.cpp_extension import CUDA_HOME
 
     toolkit = os.path.realpath(CUDA_HOME) if CUDA_HOME else None
     return f"CUDA_HOME={CUDA_HOME} ({toolkit})\nTORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '')}\n"
 
 
-def _noted_cuda_failure() -> str | None:
-    """The compiler's error of an earlier failed CUDA build of these sources against this torch
-    and toolkit (``None``: none noted, so the CUDA build is tried)."""
+def _raise_if_noted(note: Path, key: str) -> None:
     try:
-        text = (_build_dir(True) / _CUDA_FAILURE_NOTE).read_text()
+        text = note.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return None
-    key = _cuda_toolkit_key()
-    return (text[len(key):].strip() or "unknown error") if text.startswith(key) else None
+        return
+    if text.startswith(key):
+        raise NotedCudaFailure(text[len(key):].strip() or "unknown error", note)
 
 
-def _note_cuda_failure(error: str) -> None:
-    """Notes a failed CUDA build (written whole or not at all, so a reader never sees half)."""
-    folder = _build_dir(True)
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f"{_CUDA_FAILURE_NOTE}.{os.getpid()}.tmp"
-    partial.write_text(_cuda_toolkit_key() + error + "\n")
-    os.replace(partial, folder / _CUDA_FAILURE_NOTE)
+def _write_note(note: Path, key: str, error: str) -> None:
+    """Notes a failed CUDA build, whole or not at all (a reader never sees half of it); where the
+    cache cannot be written, nothing is noted and the next process tries again."""
+    try:
+        handle, partial = tempfile.mkstemp(prefix=f"{note.name}.", suffix=".tmp", dir=note.parent)
+    except OSError:
+        return
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(key + error + "\n")
+        os.replace(partial, note)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
 
 
-def _compiler_error(error: Exception) -> str:
-    """The line of a failed build's output that names the error (the compiler's first), else its
-    last line: torch's message ends with ninja's "build stopped", which says nothing."""
+# The lines of a failed build's output that name its error, best first: a compiler's
+# "file:line:col: error", nvcc's own, an #error, the linker's; then any line saying "error".
+_ERROR_LINES = (re.compile(r":\d+(?::\d+)?: (?:fatal )?error\b"), re.compile(r"^nvcc (?:fatal|error)\b"),
+                re.compile(r"#error\b"), re.compile(r"\bld(?:\.\w+)?: "), re.compile(r"\berror\b", re.IGNORECASE))
+
+
+def compiler_error(error: Exception) -> str:
+    """The line of a failed build's output that names the error (see ``_ERROR_LINES``), else its
+    last line. torch's message is ninja's whole output: the line after each "FAILED:" is the
+    command, whose paths may say "error" anywhere, and the last line is ninja's "build stopped"."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    named = (line for line in lines if re.search(r"\berror\b", line, re.IGNORECASE)
-             and not line.startswith("Error building extension"))
-    return f"{type(error).__name__}: {next(named, lines[-1] if lines else '')}"
+    commands = {i + 1 for i, line in enumerate(lines) if line.startswith("FAILED:")}
+    told = [line for i, line in enumerate(lines)
+            if i not in commands and not line.startswith(("FAILED:", "Error building extension"))]
+    named = next((line for pattern in _ERROR_LINES for line in told if pattern.search(line)),
+                 lines[-1] if lines else "")
+    return f"{type(error).__name__}: {named[:300]}"
 
 
 def _cuda_build() -> tuple[bool, str, tuple[str, object] | None]:
-    """(CUDA kernels built?, why not, the build) for a plan that asks for them: the build, or the
-    failure noted from an earlier one, or this one's failure, noted."""
+    """(CUDA kernels built?, why not, the build) for a plan that asks for them."""
     from torch.utils.cpp_extension import CUDA_HOME
 
-    error = _noted_cuda_failure()
-    if error is None:
-        try:
-            built = _build_and_load(True)
-        except Exception as failure:  # the CPU kernels are still wanted: built next, without CUDA
-            error = _compiler_error(failure)
-            with contextlib.suppress(OSError):  # a cache that cannot be written: tried again next time
-                _note_cuda_failure(error)
-        else:
-            with contextlib.suppress(OSError):
-                (_build_dir(True) / _CUDA_FAILURE_NOTE).unlink(missing_ok=True)  # one for another toolkit
-            return True, "", built
-    return False, (f"the CUDA build failed ({error}); check that CUDA_HOME={CUDA_HOME} is the CUDA toolkit's root "
-                   "(bin/nvcc, include/cuda_runtime.h: set CUDA_HOME, e.g. to /usr/local/cuda, where torch's guess "
-                   "from nvcc on PATH is wrong), run with FGPLUGIN_VERBOSE_BUILD=1 to see the compiler output, and "
-                   f"delete {_build_dir(True) / _CUDA_FAILURE_NOTE} to try again"), None
+    try:
+        return True, "", _build_and_load(True)
+    except NotedCudaFailure as noted:
+        error, note = str(noted), noted.note
+    except Exception as failure:  # noted by _build_and_load; the CPU kernels are built next
+        error, note = compiler_error(failure), _build_dir(True) / _CUDA_FAILURE_NOTE
+    return False, (f"the CUDA build failed ({error}). If CUDA_HOME={CUDA_HOME} is not the CUDA toolkit's root "
+                   "(bin/nvcc, include/cuda_runtime.h; torch guesses it from the nvcc on PATH), set CUDA_HOME, e.g. "
+                   "to /usr/local/cuda; for another cause (the host compiler: CC, CXX) run with "
+                   f"FGPLUGIN_VERBOSE_BUILD=1 to see the compiler's output. To build again, delete {note}"), None
 
 
 def load() -> ExtensionStatus:
@@ -266,13 +303,13 @@ def load() -> ExtensionStatus:
         status.reason = "FGPLUGIN_NO_EXTENSION=1 is set"
         return status
     with_cuda, why_no_cuda = cuda_build_plan()
-    built = None
-    if with_cuda:
-        with_cuda, why_no_cuda, built = _cuda_build()
     try:
+        built = None
+        if with_cuda:
+            with_cuda, why_no_cuda, built = _cuda_build()
         status.build_dir, module = built or _build_and_load(False)
     except Exception as error:  # a failed build must leave fgplugin usable on the reference path
-        status.reason = _compiler_error(error)
+        status.reason = compiler_error(error)
         warnings.warn(
             "fgplugin could not build its C++ extension against torch "
             f"{torch.__version__} ({status.reason}). Falling back to the pure-torch reference kernels, which "

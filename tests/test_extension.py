@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import fgplugin
@@ -86,39 +87,59 @@ def test_default_arch_list_builds_sm90a_only_where_nvcc_can():
 
 
 _CUDA_FAILURE = ("Error building extension 'fgplugin_ops_cuda_0': [1/3] c++ -c args.cpp -o args.o\n"
-                 "FAILED: block_adaptive_plan.o\n"
+                 "FAILED: [code=1] block_adaptive_plan.o\n"
+                 "c++ -MMD -I/usr/local/include -c /src/error-handling/csrc/cuda/block_adaptive_plan.cpp -o block_adaptive_plan.o\n"
                  "/src/csrc/cuda/block_adaptive_spmm.cuh:46:10: fatal error: cuda_runtime_api.h: No such file or directory\n"
                  "compilation terminated.\nninja: build stopped: subcommand failed.\n")
+
+
+class _FakeBuilds:
+    """torch.utils.cpp_extension.load as the build sees it: each call noted as (flavour, module
+    name); a CUDA build raises ``_CUDA_FAILURE`` unless told to succeed."""
+
+    def __init__(self, ext, cuda_fails: bool = True):
+        self.ext, self.cuda_fails, self.calls = ext, cuda_fails, []
+
+    def __call__(self, *, name, with_cuda, **_):
+        self.calls.append(("cuda" if with_cuda else "cpu", name))
+        if with_cuda and self.cuda_fails:
+            raise RuntimeError(_CUDA_FAILURE)
+        import types
+        return types.SimpleNamespace(KeptSpmm=self.ext.kept_spmm)
+
+    @property
+    def flavours(self):
+        return [flavour for flavour, _ in self.calls]
+
+
+def _planned_cuda_builds(monkeypatch, tmp_path, cuda_fails=True):
+    """fgplugin._extension set up to build into ``tmp_path`` as if torch were a CUDA build, with
+    torch's compile step faked (_FakeBuilds)."""
+    import fgplugin._extension as ext
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(ext.config, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(ext, "cuda_build_plan", lambda: (True, ""))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(ext, "kept_spmm", ext.kept_spmm)
+    monkeypatch.setattr(ext, "status", ext.ExtensionStatus())
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    builds = _FakeBuilds(ext, cuda_fails)
+    monkeypatch.setattr(cpp_extension, "load", builds)
+    return ext, builds
 
 
 def test_failed_cuda_build_keeps_the_cpu_kernels_and_is_noted(monkeypatch, tmp_path):
     """A CUDA build that fails (here: a toolkit whose headers are not under the CUDA_HOME torch
     guessed) still gives the CPU kernels and says why, with the compiler's error line; the failure
     is noted, so the next process goes straight to the CPU build, until the toolkit, the
-    architectures or the note change."""
-    import types
-
+    architectures or the note change; a build that succeeds removes the note."""
     import pytest
 
-    import fgplugin._extension as ext
-
-    monkeypatch.setattr(ext.config, "cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(ext, "cuda_build_plan", lambda: (True, ""))
-    monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(ext, "kept_spmm", ext.kept_spmm)
-    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    builds = []
-
-    def build(with_cuda):
-        builds.append("cuda" if with_cuda else "cpu")
-        if with_cuda:
-            raise RuntimeError(_CUDA_FAILURE)
-        return str(tmp_path / "cpu"), types.SimpleNamespace(KeptSpmm=ext.kept_spmm)
-
-    monkeypatch.setattr(ext, "_build_and_load", build)
+    ext, builds = _planned_cuda_builds(monkeypatch, tmp_path)
 
     def load_afresh():
-        builds.clear()
+        builds.calls.clear()
         monkeypatch.setattr(ext, "status", ext.ExtensionStatus())
         with pytest.warns(ext.ExtensionBuildWarning, match="CUDA kernels not built") as caught:
             status = ext.load()
@@ -126,60 +147,69 @@ def test_failed_cuda_build_keeps_the_cpu_kernels_and_is_noted(monkeypatch, tmp_p
         return status
 
     status = load_afresh()
-    assert builds == ["cuda", "cpu"]
-    assert status.loaded and not status.cuda and status.build_dir == str(tmp_path / "cpu")
+    assert builds.flavours == ["cuda", "cpu"]
+    # module names of their own: torch would rename a second build of one name in a process to
+    # "<name>_v1", which the next process does not find (it would compile the CPU kernels again)
+    (_, cuda_name), (_, cpu_name) = builds.calls
+    assert cuda_name != cpu_name and status.build_dir.endswith(cpu_name.rsplit("_", 1)[-1])
+    assert status.loaded and not status.cuda and "-cpu-" in status.build_dir
     assert "fatal error: cuda_runtime_api.h: No such file or directory" in status.reason
-    assert "CUDA_HOME" in status.reason and "cuda-build-failed.txt" in status.reason
     note = ext._build_dir(True) / "cuda-build-failed.txt"
+    assert "CUDA_HOME" in status.reason and str(note) in status.reason
     assert note.is_file() and not list(note.parent.glob("*.tmp"))
 
     status = load_afresh()  # a later process, same toolkit: no second try
-    assert builds == ["cpu"] and "cuda_runtime_api.h" in status.reason
+    assert builds.flavours == ["cpu"] and "cuda_runtime_api.h" in status.reason
 
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")  # other architectures: tried again
     load_afresh()
-    assert builds == ["cuda", "cpu"]
+    assert builds.flavours == ["cuda", "cpu"]
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
     load_afresh()
-    assert builds == ["cuda", "cpu"]  # the note is now for "9.0"
+    assert builds.flavours == ["cuda", "cpu"]  # the note is now for "9.0"
 
     note.unlink()  # the fix the message names: tried again
     load_afresh()
-    assert builds == ["cuda", "cpu"]
+    assert builds.flavours == ["cuda", "cpu"]
 
-    # a build that succeeds (here: for other architectures) removes the note of the failed one
+    builds.cuda_fails = False  # a build that succeeds (for other architectures) removes the note
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
-    monkeypatch.setattr(ext, "_build_and_load", lambda with_cuda: (str(tmp_path / "cuda"), types.SimpleNamespace(
-        KeptSpmm=ext.kept_spmm)))
+    builds.calls.clear()
     monkeypatch.setattr(ext, "status", ext.ExtensionStatus())
     status = ext.load()
-    assert status.loaded and status.cuda and not status.reason and not note.exists()
+    assert builds.flavours == ["cuda"] and status.loaded and status.cuda and not status.reason
+    assert not note.exists()
 
 
-def test_failed_cpu_build_after_a_failed_cuda_build_runs_the_reference_path(monkeypatch, tmp_path):
+def test_a_process_that_waited_for_the_build_lock_reads_the_note(monkeypatch, tmp_path):
+    """Processes that start together (one per rank) wait on one build lock: the first notes the
+    failure, the others find the note under the lock and do not compile again."""
+    import contextlib
+
     import pytest
 
-    import fgplugin._extension as ext
+    ext, builds = _planned_cuda_builds(monkeypatch, tmp_path)
+    note, key = ext._build_dir(True) / "cuda-build-failed.txt", ext._cuda_toolkit_key()
+    real_lock = ext._exclusive
 
-    monkeypatch.setattr(ext.config, "cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(ext, "cuda_build_plan", lambda: (True, ""))
-    monkeypatch.setattr(ext, "status", ext.ExtensionStatus())
-    monkeypatch.setattr(ext, "kept_spmm", ext.kept_spmm)
+    @contextlib.contextmanager
+    def lock_held_by_a_failed_build(path):
+        with real_lock(path):
+            if "-cu13.0-" in str(path):  # the other process noted its failure while this one waited
+                ext._write_note(note, key, "RuntimeError: nvcc fatal   : Unsupported gpu architecture")
+            yield
 
-    def build(with_cuda):
-        raise RuntimeError(_CUDA_FAILURE if with_cuda else "Error building extension 'x'\nFAILED: args.o\n"
-                           "args.cpp:1:10: fatal error: torch/extension.h: No such file or directory\n"
-                           "ninja: build stopped: subcommand failed.")
-
-    monkeypatch.setattr(ext, "_build_and_load", build)
-    with pytest.warns(ext.ExtensionBuildWarning, match="reference kernels"):
+    monkeypatch.setattr(ext, "_exclusive", lock_held_by_a_failed_build)
+    with pytest.warns(ext.ExtensionBuildWarning, match="Unsupported gpu architecture"):
         status = ext.load()
-    assert not status.loaded and "torch/extension.h" in status.reason
+    assert builds.flavours == ["cpu"] and status.loaded and not status.cuda
 
 
 def test_a_noted_cuda_failure_is_tried_again_when_the_toolkit_link_moves(monkeypatch, tmp_path):
     """/usr/local/cuda is often a link that a toolkit upgrade points elsewhere: the note is for
     where it led."""
+    import pytest
+
     import fgplugin._extension as ext
     from torch.utils import cpp_extension
 
@@ -188,9 +218,81 @@ def test_a_noted_cuda_failure_is_tried_again_when_the_toolkit_link_moves(monkeyp
     link = tmp_path / "cuda"
     link.symlink_to(tmp_path / "cuda-12.8")
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(link))
-    monkeypatch.setattr(ext.config, "cache_dir", lambda: tmp_path / "cache")
-    ext._note_cuda_failure("RuntimeError: nvcc fatal: Unsupported gpu architecture")
-    assert ext._noted_cuda_failure() == "RuntimeError: nvcc fatal: Unsupported gpu architecture"
+    note = tmp_path / "cuda-build-failed.txt"
+    ext._write_note(note, ext._cuda_toolkit_key(), "RuntimeError: nvcc fatal   : Unsupported gpu architecture")
+    with pytest.raises(ext.NotedCudaFailure, match="Unsupported gpu architecture"):
+        ext._raise_if_noted(note, ext._cuda_toolkit_key())
     link.unlink()
     link.symlink_to(tmp_path / "cuda-13.0")
-    assert ext._noted_cuda_failure() is None
+    ext._raise_if_noted(note, ext._cuda_toolkit_key())  # another toolkit: nothing noted for it
+
+
+def test_notes_are_utf8_whatever_the_locale(tmp_path):
+    """gcc quotes names in ‘ ’: a note written and read under the C locale keeps them and raises
+    nothing (a note that cannot be written is simply not written)."""
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        import fgplugin._extension as ext
+        note = Path({str(tmp_path)!r}) / "cuda-build-failed.txt"
+        ext._write_note(note, "KEY\\n", "RuntimeError: a.cu:1:1: fatal error: \\u2018cuda.h\\u2019: No such file")
+        ext._write_note(Path({str(tmp_path)!r}) / "missing" / "note.txt", "KEY\\n", "x")
+        try:
+            ext._raise_if_noted(note, "KEY\\n")
+        except ext.NotedCudaFailure as noted:
+            print(ascii(str(noted)))
+    """)
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "\\u2018cuda.h\\u2019" in result.stdout
+    assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("output, named", [
+    (_CUDA_FAILURE, "/src/csrc/cuda/block_adaptive_spmm.cuh:46:10: fatal error: cuda_runtime_api.h: No such file or directory"),
+    ("Error building extension 'x': [1/2] c++ -c a.cpp\nFAILED: a.o\nc++ -c /src/my-error-logs/a.cpp -o a.o\n"
+     "/src/a.cpp:2:2: warning: #warning \"keep error codes in sync\" [-Wcpp]\n/src/a.cpp:5:7: error: 'x' was not declared\n"
+     "ninja: build stopped: subcommand failed.", "/src/a.cpp:5:7: error: 'x' was not declared"),
+    ("Error building extension 'x': FAILED: x.so\nc++ a.o -o x.so -lnonexistentlib\n"
+     "/usr/bin/ld: cannot find -lnonexistentlib: No such file or directory\ncollect2: error: ld returned 1 exit status\n"
+     "ninja: build stopped: subcommand failed.", "/usr/bin/ld: cannot find -lnonexistentlib: No such file or directory"),
+    ("Error building extension 'x': FAILED: k.cuda.o\n/usr/local/cuda/bin/nvcc -c k.cu -o k.cuda.o\n"
+     "nvcc fatal   : Unsupported gpu architecture 'compute_90a'\nninja: build stopped: subcommand failed.",
+     "nvcc fatal   : Unsupported gpu architecture 'compute_90a'"),
+    ("Error building extension 'x'\nninja: build stopped: interrupted by user.", "ninja: build stopped: interrupted by user."),
+])
+def test_the_compiler_error_quoted_is_the_one_that_failed_the_build(output, named):
+    from fgplugin._extension import compiler_error
+
+    assert compiler_error(RuntimeError(output)) == f"RuntimeError: {named}"
+
+
+def test_load_never_raises_even_where_the_build_folder_cannot_be_named(monkeypatch, tmp_path):
+    import pytest
+
+    ext, _ = _planned_cuda_builds(monkeypatch, tmp_path)
+
+    def unreadable_sources():
+        raise PermissionError(13, "Permission denied", "csrc/args.cpp")
+
+    monkeypatch.setattr(ext, "_sources_hash", unreadable_sources)
+    with pytest.warns(ext.ExtensionBuildWarning, match="reference kernels"):
+        status = ext.load()
+    assert not status.loaded and "PermissionError" in status.reason
+
+
+def test_failed_cpu_build_after_a_failed_cuda_build_runs_the_reference_path(monkeypatch, tmp_path):
+    import pytest
+
+    ext, builds = _planned_cuda_builds(monkeypatch, tmp_path)
+
+    def both_fail(*, with_cuda, **_):
+        raise RuntimeError(_CUDA_FAILURE if with_cuda else "Error building extension 'x'\nFAILED: args.o\n"
+                           "c++ -c args.cpp\nargs.cpp:1:10: fatal error: torch/extension.h: No such file or directory\n"
+                           "ninja: build stopped: subcommand failed.")
+
+    from torch.utils import cpp_extension
+    monkeypatch.setattr(cpp_extension, "load", both_fail)
+    with pytest.warns(ext.ExtensionBuildWarning, match="reference kernels"):
+        status = ext.load()
+    assert not status.loaded and "torch/extension.h" in status.reason
