@@ -1,8 +1,10 @@
 """The extension build: loaded kernels, one schema for both paths, and the fallback when a build fails."""
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
@@ -104,7 +106,6 @@ class _FakeBuilds:
         self.calls.append(("cuda" if with_cuda else "cpu", name))
         if with_cuda and self.cuda_fails:
             raise RuntimeError(_CUDA_FAILURE)
-        import types
         return types.SimpleNamespace(KeptSpmm=self.ext.kept_spmm)
 
     @property
@@ -112,7 +113,7 @@ class _FakeBuilds:
         return [flavour for flavour, _ in self.calls]
 
 
-def _planned_cuda_builds(monkeypatch, tmp_path, cuda_fails=True):
+def _planned_cuda_builds(monkeypatch, tmp_path):
     """fgplugin._extension set up to build into ``tmp_path`` as if torch were a CUDA build, with
     torch's compile step faked (_FakeBuilds)."""
     import fgplugin._extension as ext
@@ -124,7 +125,7 @@ def _planned_cuda_builds(monkeypatch, tmp_path, cuda_fails=True):
     monkeypatch.setattr(ext, "kept_spmm", ext.kept_spmm)
     monkeypatch.setattr(ext, "status", ext.ExtensionStatus())
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    builds = _FakeBuilds(ext, cuda_fails)
+    builds = _FakeBuilds(ext)
     monkeypatch.setattr(cpp_extension, "load", builds)
     return ext, builds
 
@@ -134,8 +135,6 @@ def test_failed_cuda_build_keeps_the_cpu_kernels_and_is_noted(monkeypatch, tmp_p
     guessed) still gives the CPU kernels and says why, with the compiler's error line; the failure
     is noted, so the next process goes straight to the CPU build, until the toolkit, the
     architectures or the note change; a build that succeeds removes the note."""
-    import pytest
-
     ext, builds = _planned_cuda_builds(monkeypatch, tmp_path)
 
     def load_afresh():
@@ -184,10 +183,6 @@ def test_failed_cuda_build_keeps_the_cpu_kernels_and_is_noted(monkeypatch, tmp_p
 def test_a_process_that_waited_for_the_build_lock_reads_the_note(monkeypatch, tmp_path):
     """Processes that start together (one per rank) wait on one build lock: the first notes the
     failure, the others find the note under the lock and do not compile again."""
-    import contextlib
-
-    import pytest
-
     ext, builds = _planned_cuda_builds(monkeypatch, tmp_path)
     note, key = ext._build_dir(True) / "cuda-build-failed.txt", ext._cuda_toolkit_key()
     real_lock = ext._exclusive
@@ -208,8 +203,6 @@ def test_a_process_that_waited_for_the_build_lock_reads_the_note(monkeypatch, tm
 def test_a_noted_cuda_failure_is_tried_again_when_the_toolkit_link_moves(monkeypatch, tmp_path):
     """/usr/local/cuda is often a link that a toolkit upgrade points elsewhere: the note is for
     where it led."""
-    import pytest
-
     import fgplugin._extension as ext
     from torch.utils import cpp_extension
 
@@ -268,8 +261,6 @@ def test_the_compiler_error_quoted_is_the_one_that_failed_the_build(output, name
 
 
 def test_load_never_raises_even_where_the_build_folder_cannot_be_named(monkeypatch, tmp_path):
-    import pytest
-
     ext, _ = _planned_cuda_builds(monkeypatch, tmp_path)
 
     def unreadable_sources():
@@ -282,8 +273,6 @@ def test_load_never_raises_even_where_the_build_folder_cannot_be_named(monkeypat
 
 
 def test_failed_cpu_build_after_a_failed_cuda_build_runs_the_reference_path(monkeypatch, tmp_path):
-    import pytest
-
     ext, builds = _planned_cuda_builds(monkeypatch, tmp_path)
 
     def both_fail(*, with_cuda, **_):
