@@ -14,12 +14,15 @@ shape and whether it needs a gradient, grad mode and the switches that steer the
 So a layer keeps the decided call of its last call (:class:`KeptLayerCall`) and a call with the
 same key runs it at once. Two decisions are kept, the two a training step makes:
 
-- ``x`` needs a gradient (a hidden layer's input): ``A (x W) + b`` as :func:`fgplugin.spmm` of the
+- ``x`` needs a gradient (a hidden layer's input), or needs none and is another tensor at every
+  call (a first layer's input after dropout, as in PyG's gcn.py): ``A (x W) + b`` as :func:`fgplugin.spmm` of the
   (padded) product with the bias in its output pass; where the product's own kept call is the
   extension's ``KeptSpmm`` (fgplugin.repeated_calls), the decision holds it (weakly) and runs the
   matrix product and the SpMM in one step from C++ (its ``transformed``: the same ATen ops), with
   no Python dispatch between them and no second lookup; its key then also covers the product's
-  switches, and edge values or scales that came to need a gradient send the call the full way;
+  switches, and edge values or scales that came to need a gradient send the call the full way. A
+  call whose ``x`` needs no gradient and is the tensor of the call before takes the full path: a
+  constant input is the input cache's to keep;
 - ``x`` is the constant input the layer keeps (fgplugin.input_cache), in the form the cache holds
   at the call: its dense aggregation, ``(A x) W + b`` (one ``addmm`` where it can be), or ``x`` as
   a sparse matrix (fgplugin.sparse_input), ``A (x W) + b`` with ``x W`` on its SpMM and ``W``
@@ -168,13 +171,16 @@ def product_call(decision: Decision):
 class KeptLayerCall:
     """One layer's decided call and the key it was decided for, all held weakly."""
 
-    __slots__ = ("graph_input", "key", "objects", "decision")
+    __slots__ = ("graph_input", "key", "objects", "decision", "last_input")
 
     def __init__(self, graph_input, objects: tuple, values: tuple, x: Tensor, decision: Decision):
         self.graph_input = weakref.ref(graph_input)
         self.objects = _weak(objects)
         self.key = _key(graph_input, values, x, decision)
         self.decision = decision
+        # a TRANSFORMED call's input that needs no gradient, as of the last call served: the same
+        # tensor again may be a constant input, which the full path lets the input cache keep
+        self.last_input = weakref.ref(x) if decision.kind == TRANSFORMED and not x.requires_grad else None
 
     # A copy of a layer (deepcopy, pickle, torch.save) decides its first call afresh: what is
     # kept refers to the original's graph (weakly, which cannot be copied).
@@ -182,6 +188,8 @@ class KeptLayerCall:
         return _dropped()
 
     def matches(self, graph_input, objects: tuple, values: tuple, x: Tensor) -> bool:
+        if self.last_input is not None and self.last_input() is x:
+            return False
         return (self.graph_input() is graph_input and _is(self.objects, objects)
                 and _key(graph_input, values, x, self.decision) == self.key)
 
@@ -217,6 +225,8 @@ def find(owner, graph_input, edge_weight, objects: tuple, values: tuple, x) -> D
     kept = owner.__dict__.get(_KEPT)
     if kept is None or not _may_keep(graph_input, edge_weight, x) or not kept.matches(graph_input, objects, values, x):
         return None
+    if kept.last_input is not None:
+        kept.last_input = weakref.ref(x)
     return kept.decision
 
 
@@ -227,8 +237,8 @@ def keep(owner, graph_input, edge_weight, objects: tuple, values: tuple, x) -> N
     forget(owner)
     if decision is None or not _may_keep(graph_input, edge_weight, x):
         return
-    if decision.kind == TRANSFORMED and not (torch.is_grad_enabled() and x.requires_grad):
-        return  # a constant x may be kept by the input cache from the next call on: decide again
+    if decision.kind == TRANSFORMED and not torch.is_grad_enabled():
+        return
     adj = decision.adj()
     if adj is None or (adj.values is not None and adj.values.is_inference()):
         return  # edge values made in inference mode have no version to key on

@@ -67,16 +67,18 @@ def _full_path(conv, x, g):
     return conv(x, g)
 
 
-def _same_as_full_path(conv, x, g, out):
+def _same_as_full_path(conv, x, g, out, new_input=False):
     """Asserts that ``out``, a repeated call's, and its gradients of ``x`` (where it needs one) and of
-    the layer's weight and bias are the full path's bit for bit; returns the full path's output."""
+    the layer's weight and bias are the full path's bit for bit; returns the full path's output.
+    ``new_input``: the full path gets a copy of ``x``, as it gets an input that is new at every
+    call (the same ``x`` again may be a constant input, which the input cache keeps)."""
     leaves = (x, conv.lin.weight, conv.bias) if x.requires_grad else (conv.lin.weight, conv.bias)
     grad = torch.randn_like(out)
     out.backward(grad)
     kept_grads = [t.grad.clone() for t in leaves]
     for t in leaves:
         t.grad = None
-    again = _full_path(conv, x, g)
+    again = _full_path(conv, x.clone() if new_input else x, g)
     again.backward(grad)
     assert torch.equal(out, again)
     assert all(torch.equal(a, t.grad) for a, t in zip(kept_grads, leaves))
@@ -107,6 +109,49 @@ def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, 
         conv.lin.weight.grad = conv.bias.grad = None
         assert rel_error(out, _stock(conv, x, g)) <= 1e-5
         full.clear()  # the full path decided again: the next step repeats it
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("graph", ["tiled", "edge_index"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_first_layer_after_dropout_repeats_its_decision_bit_for_bit(device, graph, padded, monkeypatch):
+    """PyG's gcn.py drops out the input features: the first layer sees a new tensor that needs no
+    gradient at every step, which the input cache cannot keep; its call is decided once."""
+    conv, g = _setup(device, graph, cached=True)
+    if padded:
+        _padded_as_on_cuda(monkeypatch)
+    features = torch.randn(60, IN, device=device)
+    full = _spy_full_path(monkeypatch)
+    for step in range(3):
+        x = torch.nn.functional.dropout(features, 0.5)
+        out = conv(x, g)
+        assert len(full) == (step == 0)  # decided once, then repeated
+        if step and fgplugin.extension_status().loaded:  # repeated in one step from C++ (KeptSpmm.transformed)
+            assert conv.__dict__["_fgplugin_layer_call"].decision.product() is not None
+        _same_as_full_path(conv, x, g, out, new_input=True)
+        conv.lin.weight.grad = conv.bias.grad = None
+        assert rel_error(out, _stock(conv, x, g)) <= 1e-5
+        full.clear()
+    assert not fgplugin.input_cache.of(conv).holds
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_constant_input_after_new_ones_is_kept_by_the_input_cache(device, monkeypatch):
+    """A repeated call for inputs that are new at every call does not hide a constant input from
+    the input cache (evaluation with gradients on, after training with input dropout): the same
+    tensor twice takes the full path, which keeps its aggregation."""
+    conv, g = _setup(device)
+    full = _spy_full_path(monkeypatch)
+    for _ in range(2):
+        conv(torch.nn.functional.dropout(torch.randn(60, IN, device=device), 0.5), g)
+    assert len(full) == 1
+    full.clear()
+    x = torch.randn(60, IN, device=device)
+    outs = [conv(x, g) for _ in range(5)]
+    assert len(full) == 2  # the second call sees x again: full path (noted); the third keeps A x
+    assert fgplugin.input_cache.of(conv).holds
+    assert conv.__dict__["_fgplugin_layer_call"].decision.kind == layer_calls.KEPT_INPUT
+    assert all(rel_error(o, _stock(conv, x, g)) <= 1e-5 for o in outs)
 
 
 @pytest.mark.parametrize("padded", [False, True])
