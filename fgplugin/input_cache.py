@@ -16,9 +16,11 @@ When a layer uses it (all must hold, else the layer runs as without it, at no ex
   activation checkpointing recomputes its forward in the backward pass, which must save what the
   forward saved, so neither may be the call that keeps or first reuses ``A x``; torch 2.9 can be
   asked for the hooks, 2.7 cannot, so there turn the cache off for such models);
-- the call is the second one in a row to see the same ``x`` object, unchanged since (its
+- the cache is shown the same ``x`` object twice in a row, unchanged since (its
   ``_version``), over the same graph object and normalization: the aggregation is built then, so a
-  model called once (inference) never pays for a wider SpMM it will not reuse;
+  model called once (inference) never pays for a wider SpMM it will not reuse (a GCNConv's kept
+  call for inputs that are new at every call, fgplugin.layer_calls, shows them none; the same
+  tensor twice takes the full path, which shows it);
 - the kept tensor (the size of ``x``) is at most ``MAX_MEMORY_FRACTION`` of the device's memory.
 
 Switch it off with ``FGPLUGIN_INPUT_CACHE=0`` or :func:`fgplugin.set_input_cache`. A layer holds

@@ -50,7 +50,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import _extension
+from . import _extension, input_cache
 from .config import settings
 from .normalization import Normalization
 from .repeated_calls import context_allows, switches
@@ -238,6 +238,10 @@ def keep(owner, graph_input, edge_weight, objects: tuple, values: tuple, x) -> N
     if decision is None or not _may_keep(graph_input, edge_weight, x):
         return
     if decision.kind == TRANSFORMED and not torch.is_grad_enabled():
+        return
+    if decision.kind == TRANSFORMED and not x.requires_grad and input_cache.of(owner).holds:
+        # the cache kept an input it could not serve here (saved-tensor hooks): its next call with
+        # that input must reach it, so decide again
         return
     adj = decision.adj()
     if adj is None or (adj.values is not None and adj.values.is_inference()):

@@ -154,6 +154,28 @@ def test_a_constant_input_after_new_ones_is_kept_by_the_input_cache(device, monk
     assert all(rel_error(o, _stock(conv, x, g)) <= 1e-5 for o in outs)
 
 
+@pytest.mark.skipif(not fgplugin.input_cache.SEES_SAVED_TENSOR_HOOKS,
+                    reason="this torch cannot be asked for saved-tensor hooks: the cache cannot step aside under them")
+@pytest.mark.parametrize("hooks", ["save_on_cpu", "checkpoint"])
+def test_a_kept_input_is_not_bypassed_after_a_new_input_under_saved_tensor_hooks(hooks):
+    """The input cache holds ``A x`` but steps aside under saved-tensor hooks: a call with a new input
+    there must not keep a call that the next call with ``x`` would repeat instead of the cache's."""
+    conv, g = _setup("cpu")
+    x = torch.randn(60, IN)
+    for _ in range(2):
+        conv(x, g)
+    assert fgplugin.input_cache.of(conv).holds
+    new_input = torch.nn.functional.dropout(x, 0.5)
+    if hooks == "save_on_cpu":
+        with torch.autograd.graph.save_on_cpu():
+            conv(new_input, g)
+    else:
+        torch.utils.checkpoint.checkpoint(conv, new_input, g, use_reentrant=False)
+    out = conv(x, g)
+    assert conv.__dict__["_fgplugin_layer_call"].decision.kind == layer_calls.KEPT_INPUT
+    assert torch.equal(out, _full_path(conv, x, g))
+
+
 @pytest.mark.parametrize("padded", [False, True])
 def test_a_hidden_layers_repeated_call_saves_what_the_full_path_does(padded, monkeypatch):
     """A hidden layer's repeated call saves for the backward what its full path saves: a
