@@ -15,14 +15,15 @@ So a layer keeps the decided call of its last call (:class:`KeptLayerCall`) and 
 same key runs it at once. Two decisions are kept, the two a training step makes:
 
 - ``x`` needs a gradient (a hidden layer's input), or needs none and is another tensor at every
-  call (a first layer's input after dropout, as in PyG's gcn.py): ``A (x W) + b`` as :func:`fgplugin.spmm` of the
-  (padded) product with the bias in its output pass; where the product's own kept call is the
-  extension's ``KeptSpmm`` (fgplugin.repeated_calls), the decision holds it (weakly) and runs the
-  matrix product and the SpMM in one step from C++ (its ``transformed``: the same ATen ops), with
-  no Python dispatch between them and no second lookup; its key then also covers the product's
-  switches, and edge values or scales that came to need a gradient send the call the full way. A
-  call whose ``x`` needs no gradient and is the tensor of the call before takes the full path: a
-  constant input is the input cache's to keep;
+  call (a first layer's input after dropout, as in PyG's gcn.py): ``A (x W) + b`` as
+  :func:`fgplugin.spmm` of the (padded) product with the bias in its output pass; where the
+  product's own kept call is the extension's ``KeptSpmm`` (fgplugin.repeated_calls), the decision
+  holds it (weakly) and runs the matrix product and the SpMM in one step from C++ (its
+  ``transformed``: the same ATen ops), with no Python dispatch between them and no second lookup;
+  its key then also covers the product's switches, and edge values or scales that came to need a
+  gradient send the call the full way. A call whose ``x`` needs no gradient and is the tensor of
+  the call before takes the full path (a constant input is the input cache's to keep), and no such
+  call is kept while the cache holds an input;
 - ``x`` is the constant input the layer keeps (fgplugin.input_cache), in the form the cache holds
   at the call: its dense aggregation, ``(A x) W + b`` (one ``addmm`` where it can be), or ``x`` as
   a sparse matrix (fgplugin.sparse_input), ``A (x W) + b`` with ``x W`` on its SpMM and ``W``
