@@ -31,7 +31,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from pathlib import Path
 import torch
 
 from . import config
+from .cache import write_atomically
 
 
 def default_cuda_archs(nvcc_version: str | None) -> str:
@@ -244,19 +244,10 @@ def _raise_if_noted(note: Path, key: str) -> None:
 
 
 def _write_note(note: Path, key: str, error: str) -> None:
-    """Notes a failed CUDA build, whole or not at all (a reader never sees half of it); where the
+    """Notes a failed CUDA build, whole or not at all (fgplugin.cache's atomic write); where the
     cache cannot be written, nothing is noted and the next process tries again."""
-    try:
-        handle, partial = tempfile.mkstemp(prefix=f"{note.name}.", suffix=".tmp", dir=note.parent)
-    except OSError:
-        return
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(key + error + "\n")
-        os.replace(partial, note)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
+    with contextlib.suppress(OSError):
+        write_atomically(note, (key + error + "\n").encode("utf-8"), private=False)
 
 
 # The lines of a failed build's output that name its error, best first: a compiler's
