@@ -128,6 +128,9 @@ def aggregate(graph, x: Tensor, *, weight: Tensor | None = None, bias: Tensor | 
         return transform_with_bias(kept, weight, bias)
     if weight is not None and weight.shape[0] > weight.shape[1]:
         return _aggregate_transformed(graph, x, weight, bias, hops, node_dim, owner)
+    if weight is not None and hops == 1 and layer_calls.asked(owner) and type(graph).__call__ is Aggregation.__call__ \
+            and x.dim() == 2 and node_dim % 2 == 0:
+        layer_calls.decided(owner, layer_calls.AGGREGATED, graph.adj, graph.norm)
     return transform_with_bias(_propagate(graph, x, hops, node_dim), weight, bias)
 
 
@@ -151,6 +154,8 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
         if isinstance(kept, Tensor):
             return transform_with_bias(kept, weight.t(), bias)
         return _transformed_product(Aggregation(*parts), kept, weight.t(), bias, decision.width)
+    if decision.kind == layer_calls.AGGREGATED:
+        return transform_with_bias(Aggregation(*parts)(x), weight.t(), bias)
     product = layer_calls.product_call(decision)
     # a weight or bias with a __torch_function__ of its own must see its ops: the C++ call skips it
     if product is None or has_torch_function((weight, bias)):

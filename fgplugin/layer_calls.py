@@ -12,18 +12,21 @@ graph input (by identity, with its edge values' version), the layer's own state 
 weight and bias objects, its graph cache, no hooks, not in explain mode), ``x``'s dtype, device,
 shape and whether it needs a gradient, grad mode and the switches that steer the layer's choice.
 So a layer keeps the decided call of its last call (:class:`KeptLayerCall`) and a call with the
-same key runs it at once. Two decisions are kept, the two a training step makes:
+same key runs it at once. Three decisions are kept, those a training step makes:
 
 - ``x`` needs a gradient (a hidden layer's input), or needs none and is another tensor at every
-  call (a first layer's input after dropout, as in PyG's gcn.py): ``A (x W) + b`` as
-  :func:`fgplugin.spmm` of the (padded) product with the bias in its output pass; where the
-  product's own kept call is the extension's ``KeptSpmm`` (fgplugin.repeated_calls), the decision
-  holds it (weakly) and runs the matrix product and the SpMM in one step from C++ (its
-  ``transformed``: the same ATen ops), with no Python dispatch between them and no second lookup;
-  its key then also covers the product's switches, and edge values or scales that came to need a
-  gradient send the call the full way. A call whose ``x`` needs no gradient and is the tensor of
-  the call before takes the full path (a constant input is the input cache's to keep), and no such
-  call is kept while the cache holds an input;
+  call (a first layer's input after dropout, as in PyG's gcn.py), and ``W`` narrows the features:
+  ``A (x W) + b`` as :func:`fgplugin.spmm` of the (padded) product with the bias in its output
+  pass; where the product's own kept call is the extension's ``KeptSpmm``
+  (fgplugin.repeated_calls), the decision holds it (weakly) and runs the matrix product and the
+  SpMM in one step from C++ (its ``transformed``: the same ATen ops), with no Python dispatch
+  between them and no second lookup; its key then also covers the product's switches, and edge
+  values or scales that came to need a gradient send the call the full way. A call whose ``x``
+  needs no gradient and is the tensor of the call before takes the full path (a constant input is
+  the input cache's to keep), and no such call is kept while the cache holds an input;
+- the same inputs where ``W`` does not narrow the features: ``(A x) W + b``, :func:`fgplugin.spmm`
+  of ``x`` and one ``addmm`` (the product keeps its own checks and kept call), under the same rule
+  for an input that needs no gradient;
 - ``x`` is the constant input the layer keeps (fgplugin.input_cache), in the form the cache holds
   at the call: its dense aggregation, ``(A x) W + b`` (one ``addmm`` where it can be), or ``x`` as
   a sparse matrix (fgplugin.sparse_input), ``A (x W) + b`` with ``x W`` on its SpMM and ``W``
@@ -34,9 +37,9 @@ same key runs it at once. Two decisions are kept, the two a training step makes:
 Everything else takes the full path every time: first calls, calls in any other context (autocast,
 ``torch.compile``, functorch transforms, forward-mode AD, CUDA graph capture, inference mode,
 tensor subclasses, torch function or dispatch modes), edge weights, graph inputs or edge values
-made in inference mode (they have no version), sparse ``x``, aggregating first, edge values or
-scales that need a gradient, and a call whose product was the first at its width, the route to
-cuSPARSE then left to the next product (fgplugin.cusparse). The products below keep their own
+made in inference mode (they have no version), sparse ``x``, edge values or scales that need a
+gradient, and a call whose product was the first at its width, the route to cuSPARSE then left to
+the next product (fgplugin.cusparse). The products below keep their own
 checks (fgplugin.spmm's on every call), so a kept layer call runs the same ops with the same
 arguments as the full path: same results, bit for bit. A layer holds at most one kept call, with
 weak references only (to its graph input, the layer's objects, the adjacency and the scales), so
@@ -58,7 +61,7 @@ from .repeated_calls import context_allows, switches
 from .repeated_calls import find as find_product
 from .tiling import TiledAdjacency
 
-TRANSFORMED, KEPT_INPUT = "transformed", "kept input"
+TRANSFORMED, AGGREGATED, KEPT_INPUT = "transformed", "aggregated", "kept input"
 _PENDING = "_fgplugin_decided"  # what aggregate() decided in the call under way, until kept
 _KEPT = "_fgplugin_layer_call"
 
@@ -98,7 +101,8 @@ def _strong(held):
 
 class Decision(NamedTuple):
     """What :func:`fgplugin.aggregation.aggregate` decided: ``kind`` (``TRANSFORMED``:
-    ``A (x W) + b`` with ``W`` padded to ``width`` columns; ``KEPT_INPUT``: on the input cache's
+    ``A (x W) + b`` with ``W`` padded to ``width`` columns; ``AGGREGATED``: ``(A x) W + b``;
+    ``KEPT_INPUT``: on the input cache's
     form of ``x``, ``(A x) W + b`` on its dense aggregation or ``A (x W) + b`` on its sparse form,
     ``W`` padded to ``width``) and the aggregation's adjacency and scales, held weakly."""
 
@@ -179,9 +183,9 @@ class KeptLayerCall:
         self.objects = _weak(objects)
         self.key = _key(graph_input, values, x, decision)
         self.decision = decision
-        # a TRANSFORMED call's input that needs no gradient, as of the last call served: the same
+        # an input that needs no gradient (not the cache's), as of the last call served: the same
         # tensor again may be a constant input, which the full path lets the input cache keep
-        self.last_input = weakref.ref(x) if decision.kind == TRANSFORMED and not x.requires_grad else None
+        self.last_input = weakref.ref(x) if decision.kind != KEPT_INPUT and not x.requires_grad else None
 
     # A copy of a layer (deepcopy, pickle, torch.save) decides its first call afresh: what is
     # kept refers to the original's graph (weakly, which cannot be copied).
@@ -238,9 +242,9 @@ def keep(owner, graph_input, edge_weight, objects: tuple, values: tuple, x) -> N
     forget(owner)
     if decision is None or not _may_keep(graph_input, edge_weight, x):
         return
-    if decision.kind == TRANSFORMED and not torch.is_grad_enabled():
-        return
-    if decision.kind == TRANSFORMED and not x.requires_grad and input_cache.of(owner).holds:
+    if decision.kind != KEPT_INPUT and not torch.is_grad_enabled():
+        return  # an evaluation's call (once per epoch, not worth keeping) decides afresh
+    if decision.kind != KEPT_INPUT and not x.requires_grad and input_cache.of(owner).holds:
         # the cache kept an input it could not serve here (saved-tensor hooks): its next call with
         # that input must reach it, so decide again
         return

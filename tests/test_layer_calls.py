@@ -20,13 +20,16 @@ from fgplugin.testing import random_graph_case, rel_error  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 IN, OUT = 16, 5  # the weight narrows the features: a hidden layer aggregates x W
+# a layer whose weight narrows the features aggregates x W, one that widens them aggregates x first
+NARROWING, WIDENING = (IN, OUT), (OUT, IN)
+KIND = {NARROWING: layer_calls.TRANSFORMED, WIDENING: layer_calls.AGGREGATED}
 
 
-def _setup(device, graph="tiled", cached=False):
+def _setup(device, graph="tiled", cached=False, channels=NARROWING):
     """A GCNConv (random bias) and a graph of 60 nodes: a weighted ``TiledAdjacency`` or an
     unweighted ``edge_index``."""
     case = random_graph_case(0, n_src=60, weighted=graph == "tiled")
-    conv = fp.GCNConv(IN, OUT, cached=cached).to(device)
+    conv = fp.GCNConv(*channels, cached=cached).to(device)
     with torch.no_grad():
         conv.bias.normal_()
     return conv, case.adjacency().to(device) if graph == "tiled" else case.edge_index.to(device)
@@ -94,16 +97,19 @@ def _padded_as_on_cuda(monkeypatch):
 @pytest.mark.parametrize("graph", ["tiled", "edge_index"])
 @pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
-def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, padded, monkeypatch):
-    conv, g = _setup(device, graph, cached)
+@pytest.mark.parametrize("channels", [NARROWING, WIDENING])
+def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, padded, channels, monkeypatch):
+    conv, g = _setup(device, graph, cached, channels)
     if padded:
         _padded_as_on_cuda(monkeypatch)
     full = _spy_full_path(monkeypatch)
     for step in range(3):
-        x = torch.randn(60, IN, device=device, requires_grad=True)  # a hidden layer's input
+        x = torch.randn(60, channels[0], device=device, requires_grad=True)  # a hidden layer's input
         out = conv(x, g)
         assert len(full) == (step == 0)  # decided once, then repeated
-        if step and fgplugin.extension_status().loaded:  # repeated in one step from C++ (KeptSpmm.transformed)
+        assert conv.__dict__["_fgplugin_layer_call"].decision.kind == KIND[channels]
+        if step and channels == NARROWING and fgplugin.extension_status().loaded:
+            # repeated in one step from C++ (KeptSpmm.transformed)
             assert conv.__dict__["_fgplugin_layer_call"].decision.product() is not None
         _same_as_full_path(conv, x, g, out)
         conv.lin.weight.grad = conv.bias.grad = None
@@ -114,19 +120,23 @@ def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("graph", ["tiled", "edge_index"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_a_first_layer_after_dropout_repeats_its_decision_bit_for_bit(device, graph, padded, monkeypatch):
+@pytest.mark.parametrize("channels", [NARROWING, WIDENING])
+def test_a_first_layer_after_dropout_repeats_its_decision_bit_for_bit(device, graph, padded, channels, monkeypatch):
     """PyG's gcn.py drops out the input features: the first layer sees a new tensor that needs no
-    gradient at every step, which the input cache cannot keep; its call is decided once."""
-    conv, g = _setup(device, graph, cached=True)
+    gradient at every step, which the input cache cannot keep; its call is decided once (the main
+    job's 64 -> 64 layer widens nothing: it aggregates first)."""
+    conv, g = _setup(device, graph, cached=True, channels=channels)
     if padded:
         _padded_as_on_cuda(monkeypatch)
-    features = torch.randn(60, IN, device=device)
+    features = torch.randn(60, channels[0], device=device)
     full = _spy_full_path(monkeypatch)
     for step in range(3):
         x = torch.nn.functional.dropout(features, 0.5)
         out = conv(x, g)
         assert len(full) == (step == 0)  # decided once, then repeated
-        if step and fgplugin.extension_status().loaded:  # repeated in one step from C++ (KeptSpmm.transformed)
+        assert conv.__dict__["_fgplugin_layer_call"].decision.kind == KIND[channels]
+        if step and channels == NARROWING and fgplugin.extension_status().loaded:
+            # repeated in one step from C++ (KeptSpmm.transformed)
             assert conv.__dict__["_fgplugin_layer_call"].decision.product() is not None
         _same_as_full_path(conv, x, g, out, new_input=True)
         conv.lin.weight.grad = conv.bias.grad = None
@@ -136,17 +146,18 @@ def test_a_first_layer_after_dropout_repeats_its_decision_bit_for_bit(device, gr
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_constant_input_after_new_ones_is_kept_by_the_input_cache(device, monkeypatch):
+@pytest.mark.parametrize("channels", [NARROWING, WIDENING])
+def test_a_constant_input_after_new_ones_is_kept_by_the_input_cache(device, channels, monkeypatch):
     """A repeated call for inputs that are new at every call does not hide a constant input from
     the input cache (evaluation with gradients on, after training with input dropout): the same
     tensor twice takes the full path, which keeps its aggregation."""
-    conv, g = _setup(device)
+    conv, g = _setup(device, channels=channels)
     full = _spy_full_path(monkeypatch)
     for _ in range(2):
-        conv(torch.nn.functional.dropout(torch.randn(60, IN, device=device), 0.5), g)
+        conv(torch.nn.functional.dropout(torch.randn(60, channels[0], device=device), 0.5), g)
     assert len(full) == 1
     full.clear()
-    x = torch.randn(60, IN, device=device)
+    x = torch.randn(60, channels[0], device=device)
     outs = [conv(x, g) for _ in range(5)]
     assert len(full) == 2  # the second call sees x again: full path (noted); the third keeps A x
     assert fgplugin.input_cache.of(conv).holds
@@ -157,11 +168,12 @@ def test_a_constant_input_after_new_ones_is_kept_by_the_input_cache(device, monk
 @pytest.mark.skipif(not fgplugin.input_cache.SEES_SAVED_TENSOR_HOOKS,
                     reason="this torch cannot be asked for saved-tensor hooks: the cache cannot step aside under them")
 @pytest.mark.parametrize("hooks", ["save_on_cpu", "checkpoint"])
-def test_a_kept_input_is_not_bypassed_after_a_new_input_under_saved_tensor_hooks(hooks):
+@pytest.mark.parametrize("channels", [NARROWING, WIDENING])
+def test_a_kept_input_is_not_bypassed_after_a_new_input_under_saved_tensor_hooks(hooks, channels):
     """The input cache holds ``A x`` but steps aside under saved-tensor hooks: a call with a new input
     there must not keep a call that the next call with ``x`` would repeat instead of the cache's."""
-    conv, g = _setup("cpu")
-    x = torch.randn(60, IN)
+    conv, g = _setup("cpu", channels=channels)
+    x = torch.randn(60, channels[0])
     for _ in range(2):
         conv(x, g)
     assert fgplugin.input_cache.of(conv).holds
@@ -343,9 +355,10 @@ CHANGES = [_replace_weight, _write_weight, _drop_bias, _write_edge_values, _impr
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("constant", [False, True], ids=["hidden", "first"])
 @pytest.mark.parametrize("change", CHANGES, ids=lambda f: f.__name__.strip("_"))
-def test_a_change_to_the_layer_or_graph_is_seen(device, constant, change):
-    conv, g = _setup(device)
-    x = torch.randn(60, IN, device=device, requires_grad=not constant)
+@pytest.mark.parametrize("channels", [NARROWING, WIDENING])
+def test_a_change_to_the_layer_or_graph_is_seen(device, constant, change, channels):
+    conv, g = _setup(device, channels=channels)
+    x = torch.randn(60, channels[0], device=device, requires_grad=not constant)
     for _ in range(3):
         conv(x, g)
     assert conv.__dict__.get("_fgplugin_layer_call") is not None
@@ -357,9 +370,10 @@ def test_a_change_to_the_layer_or_graph_is_seen(device, constant, change):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_hooks_grad_mode_autocast_and_switches_take_the_full_path(device, monkeypatch):
-    conv, g = _setup(device, graph="edge_index")  # the stock propagate() takes an edge_index
-    x = torch.randn(60, IN, device=device, requires_grad=True)
+@pytest.mark.parametrize("channels", [NARROWING, WIDENING])
+def test_hooks_grad_mode_autocast_and_switches_take_the_full_path(device, channels, monkeypatch):
+    conv, g = _setup(device, graph="edge_index", channels=channels)  # the stock propagate() takes an edge_index
+    x = torch.randn(60, channels[0], device=device, requires_grad=True)
     for _ in range(2):
         conv(x, g)
     full = _spy_full_path(monkeypatch)
@@ -379,7 +393,10 @@ def test_hooks_grad_mode_autocast_and_switches_take_the_full_path(device, monkey
     full.clear()
     with torch.no_grad():
         out = conv(x, g)
-    assert full and not out.requires_grad
+        assert full and not out.requires_grad
+        full.clear()
+        conv(torch.randn_like(x).requires_grad_(), g)  # evaluations decide afresh, new inputs too
+    assert full
     full.clear()
     with torch.autocast(device, dtype=torch.bfloat16):
         out = conv(x, g)
