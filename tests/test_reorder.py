@@ -1,4 +1,5 @@
 import itertools
+import subprocess
 import sys
 
 import numpy as np
@@ -321,3 +322,17 @@ def test_cuda(method):
     assert perm.is_cuda
     _assert_permutation(perm, n)
     assert torch.equal(perm, reorder(edge_index.cuda(), method, num_nodes=n, parts=2))
+
+
+def test_the_default_ordering_does_not_import_scipy():
+    """scipy.sparse's import is most of a small graph's first reordering in a fresh process: only
+    the orderings that run on scipy (rcm) or on its host CSR (metis) import it."""
+    script = ("import sys, torch; from fgplugin.pyg import BlockReorder; from torch_geometric.data import Data; "
+              "edge_index = torch.randint(0, 50, (2, 300)); "
+              "BlockReorder()(Data(x=torch.randn(50, 4), edge_index=edge_index, num_nodes=50)); "
+              "assert 'scipy.sparse' not in sys.modules, 'scipy.sparse was imported'; "
+              "from fgplugin.reorder import reorder; reorder(edge_index, 'rcm', num_nodes=50); "
+              "assert 'scipy.sparse' in sys.modules")
+    pytest.importorskip("torch_geometric")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
