@@ -25,8 +25,8 @@ same key runs it at once. Three decisions are kept, those a training step makes:
   needs no gradient and is the tensor of the call before takes the full path (a constant input is
   the input cache's to keep), and no such call is kept while the cache holds an input;
 - the same inputs where ``W`` does not narrow the features: ``(A x) W + b``, :func:`fgplugin.spmm`
-  of ``x`` and one ``addmm`` (the product keeps its own checks and kept call), under the same rule
-  for an input that needs no gradient;
+  of ``x`` and one ``addmm`` where it can be (the product keeps its own checks and kept call),
+  under the same rule for an input that needs no gradient;
 - ``x`` is the constant input the layer keeps (fgplugin.input_cache), in the form the cache holds
   at the call: its dense aggregation, ``(A x) W + b`` (one ``addmm`` where it can be), or ``x`` as
   a sparse matrix (fgplugin.sparse_input), ``A (x W) + b`` with ``x W`` on its SpMM and ``W``

@@ -23,6 +23,8 @@ IN, OUT = 16, 5  # the weight narrows the features: a hidden layer aggregates x 
 # a layer whose weight narrows the features aggregates x W, one that widens them aggregates x first
 NARROWING, WIDENING = (IN, OUT), (OUT, IN)
 KIND = {NARROWING: layer_calls.TRANSFORMED, WIDENING: layer_calls.AGGREGATED}
+# the padding widens x W: a layer that aggregates first has none to pad
+PADDINGS = [(NARROWING, False), (NARROWING, True), (WIDENING, False)]
 
 
 def _setup(device, graph="tiled", cached=False, channels=NARROWING):
@@ -96,8 +98,7 @@ def _padded_as_on_cuda(monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("graph", ["tiled", "edge_index"])
 @pytest.mark.parametrize("cached", [False, True])
-@pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("channels", [NARROWING, WIDENING])
+@pytest.mark.parametrize("channels, padded", PADDINGS)
 def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, padded, channels, monkeypatch):
     conv, g = _setup(device, graph, cached, channels)
     if padded:
@@ -119,8 +120,7 @@ def test_a_hidden_layer_repeats_its_decision_bit_for_bit(device, graph, cached, 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("graph", ["tiled", "edge_index"])
-@pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("channels", [NARROWING, WIDENING])
+@pytest.mark.parametrize("channels, padded", PADDINGS)
 def test_a_first_layer_after_dropout_repeats_its_decision_bit_for_bit(device, graph, padded, channels, monkeypatch):
     """PyG's gcn.py drops out the input features: the first layer sees a new tensor that needs no
     gradient at every step, which the input cache cannot keep; its call is decided once (the main
@@ -143,6 +143,19 @@ def test_a_first_layer_after_dropout_repeats_its_decision_bit_for_bit(device, gr
         assert rel_error(out, _stock(conv, x, g)) <= 1e-5
         full.clear()
     assert not fgplugin.input_cache.of(conv).holds
+
+
+@pytest.mark.parametrize("channels", [NARROWING, WIDENING])
+def test_a_batched_input_takes_the_full_path_every_call(channels, monkeypatch):
+    """PyG's static graphs: ``x`` of ``[batch, nodes, features]`` aggregates over its node
+    dimension, which no kept call runs; every call decides afresh."""
+    conv, g = _setup("cpu", channels=channels)
+    full = _spy_full_path(monkeypatch)
+    for step in range(3):
+        x = torch.randn(2, 60, channels[0], requires_grad=True)
+        out = conv(x, g)
+        assert len(full) == step + 1
+        assert all(rel_error(out[i], _stock(conv, x[i], g)) <= 1e-5 for i in range(2))
 
 
 @pytest.mark.parametrize("device", DEVICES)
