@@ -39,12 +39,12 @@ Everything else takes the full path every time: first calls, calls in any other 
 tensor subclasses, torch function or dispatch modes), edge weights, graph inputs or edge values
 made in inference mode (they have no version), sparse ``x``, edge values or scales that need a
 gradient, and a call whose product was the first at its width, the route to cuSPARSE then left to
-the next product (fgplugin.cusparse). The products below keep their own
-checks (fgplugin.spmm's on every call), so a kept layer call runs the same ops with the same
-arguments as the full path: same results, bit for bit. A layer holds at most one kept call, with
-weak references only (to its graph input, the layer's objects, the adjacency and the scales), so
-it keeps nothing alive: a freed graph, a reset graph cache or a replaced weight is let go of as
-before, and the next call takes the full path.
+the next product (fgplugin.cusparse). The products below keep their own checks (fgplugin.spmm's
+on every call), so a kept layer call runs the same ops with the same arguments as the full path:
+same results, bit for bit. A layer holds at most one kept call, with weak references only (to its
+graph input, the layer's objects, the adjacency and the scales), so it keeps nothing alive: a freed
+graph, a reset graph cache or a replaced weight is let go of as before, and the next call takes the
+full path.
 """
 from __future__ import annotations
 
@@ -102,9 +102,9 @@ def _strong(held):
 class Decision(NamedTuple):
     """What :func:`fgplugin.aggregation.aggregate` decided: ``kind`` (``TRANSFORMED``:
     ``A (x W) + b`` with ``W`` padded to ``width`` columns; ``AGGREGATED``: ``(A x) W + b``;
-    ``KEPT_INPUT``: on the input cache's
-    form of ``x``, ``(A x) W + b`` on its dense aggregation or ``A (x W) + b`` on its sparse form,
-    ``W`` padded to ``width``) and the aggregation's adjacency and scales, held weakly."""
+    ``KEPT_INPUT``: on the input cache's form of ``x``, ``(A x) W + b`` on its dense aggregation
+    or ``A (x W) + b`` on its sparse form, ``W`` padded to ``width``) and the aggregation's
+    adjacency and scales, held weakly."""
 
     kind: str
     adj: weakref.ref
