@@ -1,5 +1,6 @@
 """The examples the README points users to run as printed: the main job (examples/train_gcn.py)
 and the two drop-in scripts, on the CPU, each in a fresh interpreter."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -31,6 +32,21 @@ def test_main_job_trains_both_models_in_turns_and_writes_its_numbers(tmp_path):
     # the same model from the same weights: the same accuracy up to its dropout masks (the small
     # graph's 8 classes: chance is 0.125; 12 epochs reach about 0.9)
     assert accuracy["fgplugin"] > 0.6 and abs(accuracy["fgplugin"] - accuracy["pyg-edge_index"]) < 0.05
+    # on the CPU an epoch is about 16x faster: the reordering is paid back within the first epochs
+    (break_even,) = [row["value"] for row in rows if row["op"] == "break_even_epoch"]
+    assert 1 <= break_even <= 12 and f"below stock PyG's from epoch {break_even};" in out
+
+
+def test_main_jobs_break_even_epoch_counts_every_epoch_then_extrapolates():
+    spec = importlib.util.spec_from_file_location("train_gcn", ROOT / "examples" / "train_gcn.py")
+    train_gcn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_gcn)
+    break_even = train_gcn.break_even_epoch
+    # 1.5 s of preprocessing, a first epoch as slow as stock's, then 1 s saved per epoch: paid at epoch 3
+    assert break_even([2.0, 2.0, 2.0, 2.0], [2.0, 1.0, 1.0, 1.0], 1.5, 1) == 3
+    # 1.5 s behind after two epochs, 0.5 s saved per median epoch: three more
+    assert break_even([1.0, 1.0], [2.0, 0.5], 1.0, 1) == 5.0
+    assert break_even([1.0, 1.0], [1.0, 1.0], 0.1, 1) is None  # no faster at the median
 
 
 def test_main_job_refuses_no_epochs():
