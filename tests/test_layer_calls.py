@@ -19,7 +19,7 @@ from fgplugin.pyg import gcn_conv  # noqa: E402
 from fgplugin.testing import random_graph_case, rel_error  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-IN, OUT = 16, 5  # the weight narrows the features: a hidden layer aggregates x W
+IN, OUT = 16, 5
 # a layer whose weight narrows the features aggregates x W, one that widens them aggregates x first
 NARROWING, WIDENING = (IN, OUT), (OUT, IN)
 KIND = {NARROWING: layer_calls.TRANSFORMED, WIDENING: layer_calls.AGGREGATED}
