@@ -141,8 +141,8 @@ def _build_and_load(with_cuda: bool) -> tuple[str, object]:
     """(the build folder, the loaded extension module).
 
     A CUDA build that failed before for the same toolkit and architectures raises
-    :class:`NotedCudaFailure` without compiling; one that fails now is noted, and one that
-    succeeds removes the note. Both happen under the build's lock, so processes that start
+    :class:`NotedCudaFailure` without compiling; one that fails now is noted and raises it too, and
+    one that succeeds removes the note. Both happen under the build's lock, so processes that start
     together (one per rank) try a failing build once."""
     from torch.utils import cpp_extension
 
@@ -181,9 +181,11 @@ def _build_and_load(with_cuda: bool) -> tuple[str, object]:
                     verbose=config.settings.verbose_build,
                 )
             except Exception as failure:
-                if with_cuda:
-                    _write_note(note, key, compiler_error(failure))
-                raise
+                if not with_cuda:
+                    raise
+                error = compiler_error(failure)
+                _write_note(note, key, error)
+                raise NotedCudaFailure(error, note) from failure
             if with_cuda:
                 with contextlib.suppress(OSError):
                     note.unlink(missing_ok=True)  # a failure for another toolkit
@@ -214,9 +216,9 @@ _CUDA_FAILURE_NOTE = "cuda-build-failed.txt"
 
 
 class NotedCudaFailure(Exception):
-    """An earlier CUDA build of these sources against this torch, toolkit and architectures
-    failed: not tried again. The message is that build's error; ``note`` is the file to delete
-    to try again."""
+    """A CUDA build of these sources against this torch, toolkit and architectures failed (now, or
+    earlier: then it is not tried again). The message is that build's error; ``note`` is the file
+    to delete to try again."""
 
     def __init__(self, error: str, note: Path):
         super().__init__(error)
@@ -277,7 +279,7 @@ def _cuda_build() -> tuple[bool, str, tuple[str, object] | None]:
         return True, "", _build_and_load(True)
     except NotedCudaFailure as noted:
         error, note = str(noted), noted.note
-    except Exception as failure:  # noted by _build_and_load; the CPU kernels are built next
+    except Exception as failure:  # before the compiler ran (the build folder); the CPU kernels are built next
         error, note = compiler_error(failure), _build_dir(True) / _CUDA_FAILURE_NOTE
     return False, (f"the CUDA build failed ({error}). If CUDA_HOME={CUDA_HOME} is not the CUDA toolkit's root "
                    "(bin/nvcc, include/cuda_runtime.h; torch guesses it from the nvcc on PATH), set CUDA_HOME, e.g. "
