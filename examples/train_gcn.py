@@ -7,12 +7,13 @@
 
 Stock PyG runs `GCNConv` on the graph as given (random node ids). fgplugin reorders the graph once
 with `BlockReorder` (its preprocessing time is printed), swaps the same model's layers with
-`fgplugin.pyg.convert` (weights kept) and trains on the reordered graph. Both start from the same
-weights and train in turns, an epoch of each (the order alternating), after one untimed step of a
-throwaway copy, so that both meet the same machine state; the script prints the median time per
-epoch after the first ones (fgplugin plans and probes its kernels there; the totals include them),
-test accuracy, the speedup, and the epoch from which fgplugin's total time, preprocessing included,
-is below stock PyG's.
+`fgplugin.pyg.convert` (weights kept) and trains on the reordered graph. On a GPU a third copy
+trains on it with `fgplugin.graphed_step`: each step one CUDA graph replay (its first epoch trains
+once eagerly and captures the step). All start from the same weights and train in turns, an epoch
+of each (the order alternating), after one untimed step of a throwaway copy, so that all meet the
+same machine state; the script prints the median time per epoch after the first ones (fgplugin plans
+and probes its kernels there; the totals include them), test accuracy, the speedup, and the epoch
+from which fgplugin's total time, preprocessing included, is below stock PyG's.
 """
 import argparse
 import copy
@@ -63,28 +64,50 @@ def _step(model, data, graph, optimizer) -> None:
     optimizer.step()
 
 
+def captured(model, data, graph, optimizer):
+    """A training step for :func:`train_in_turns` run as one CUDA graph replay: its first call
+    trains one step eagerly and captures the step (``fgplugin.graphed_step``), later calls replay
+    it. The loss indexes the training rows, as a captured step needs (a boolean mask syncs)."""
+    rows = data.train_mask.nonzero().squeeze(1)
+    labels = data.y[rows]
+    graphed = None
+
+    def step(*_) -> None:
+        nonlocal graphed
+        if graphed is None:
+            graphed = fgplugin.graphed_step(model, optimizer, lambda out: F.cross_entropy(out[rows], labels),
+                                            data.x, graph, warmup=1)
+        else:
+            graphed()
+    return step
+
+
 def train_in_turns(runs, epochs: int, device: torch.device, seed: int):
-    """Trains each ``(model, data, graph)`` of ``runs`` full-batch, one epoch of each in turn, the
-    order alternating; returns per run (seconds of each epoch, test accuracy).
+    """Trains each ``(model, data, graph, make_step)`` of ``runs`` full-batch, one epoch of each in
+    turn, the order alternating; ``make_step(model, data, graph, optimizer)`` gives the run's step
+    function (``None``: an eager step). Returns per run (seconds of each epoch, test accuracy).
 
     First an untimed step of a copy of the first run's model: the process's first use of what
     every run needs (the CUDA context, the matrix library, the loss's and Adam's kernels) costs
     hundreds of milliseconds on a GPU, which would otherwise fall on whichever run went first."""
     throwaway = copy.deepcopy(runs[0][0])
-    _step(throwaway, *runs[0][1:], torch.optim.Adam(throwaway.parameters(), lr=0.01))
+    _step(throwaway, *runs[0][1:3], torch.optim.Adam(throwaway.parameters(), lr=0.01))
     synchronize(device)
     torch.manual_seed(seed)
-    states = [(model, data, graph, torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4), [])
-              for model, data, graph in runs]
+    states = []
+    for model, data, graph, make_step in runs:
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+        states.append((model, data, graph, optimizer, make_step(model, data, graph, optimizer) if make_step else _step,
+                       []))
     for epoch in range(epochs):
-        for model, data, graph, optimizer, times in states[::-1] if epoch % 2 else states:
+        for model, data, graph, optimizer, step, times in states[::-1] if epoch % 2 else states:
             synchronize(device)
             start = time.perf_counter()
-            _step(model, data, graph, optimizer)
+            step(model, data, graph, optimizer)
             synchronize(device)
             times.append(time.perf_counter() - start)
     results = []
-    for model, data, graph, _, times in states:
+    for model, data, graph, _, _, times in states:
         model.eval()
         with torch.no_grad():
             pred = model(data.x, graph).argmax(dim=1)
@@ -160,6 +183,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     stock = GCN(data.num_features, args.hidden, int(data.y.max()) + 1).to(device)
     fast = convert(copy.deepcopy(stock))
+    graphed = convert(copy.deepcopy(stock)) if device.type == "cuda" else None
 
     synchronize(device)
     start = time.perf_counter()
@@ -168,32 +192,40 @@ def main() -> None:
     preprocess = time.perf_counter() - start
     print(f"preprocessing (reorder '{args.reorder}' + tile plan): {preprocess:.2f} s; {reordered.adj_t}")
 
-    (stock_times, stock_acc), (fast_times, fast_acc) = train_in_turns(
-        [(stock, data, data.edge_index), (fast, reordered, reordered.adj_t)], args.epochs, device, args.seed)
+    # (impl, row name, order, run; what its total pays for besides the epochs)
+    runs = [("pyg-edge_index", "PyG GCNConv (original order)", "original", (stock, data, data.edge_index, None), ""),
+            ("fgplugin", "fgplugin (reordered)", args.reorder, (fast, reordered, reordered.adj_t, None), "preprocessing")]
+    if graphed is not None:
+        runs.append(("fgplugin-graphed", "fgplugin, graphed_step", args.reorder,
+                     (graphed, reordered, reordered.adj_t, captured), "preprocessing and capture"))
+    results = train_in_turns([run[3] for run in runs], args.epochs, device, args.seed)
     skip = min(WARMUP_EPOCHS, args.epochs - 1)
-    stock_epoch, fast_epoch = statistics.median(stock_times[skip:]), statistics.median(fast_times[skip:])
     print(f"{'impl':<28}{'ms/epoch':>10}{'test acc':>10}   (ms/epoch: median of epochs {skip + 1}-{args.epochs})")
-    print(f"{'PyG GCNConv (original order)':<28}{1e3 * stock_epoch:>10.2f}{stock_acc:>10.3f}")
-    print(f"{'fgplugin (reordered)':<28}{1e3 * fast_epoch:>10.2f}{fast_acc:>10.3f}")
-    print(f"speedup per epoch: {stock_epoch / fast_epoch:.2f}x; all {args.epochs} epochs incl. preprocessing: "
-          f"{sum(stock_times) / (sum(fast_times) + preprocess):.2f}x")
-    break_even = break_even_epoch(stock_times, fast_times, preprocess, skip)
-    print("fgplugin's total is not below stock PyG's at these medians" if break_even is None else
-          f"fgplugin's total (preprocessing included) is below stock PyG's from epoch {math.ceil(break_even)}"
-          f"{'' if break_even <= args.epochs else ' (at the medians)'}; a dataset's pre_transform=BlockReorder() "
-          f"reorders once, saved with the data")
+    for (_, name, *_), (times, accuracy) in zip(runs, results):
+        print(f"{name:<28}{1e3 * statistics.median(times[skip:]):>10.2f}{accuracy:>10.3f}")
+    stock_times = results[0][0]
+    rows = []
+    for (impl, _, order, _, paid), (times, accuracy) in zip(runs, results):
+        rows.append({"order": order, "impl": impl, "op": "epoch", "ms_median": 1e3 * statistics.median(times[skip:]),
+                     "ms_min": 1e3 * min(times[skip:]), "ms_max": 1e3 * max(times[skip:]),
+                     "ms_total": 1e3 * sum(times), "warmup": skip})
+        rows.append({"order": order, "impl": impl, "op": "accuracy", "value": accuracy, "epochs": args.epochs})
+        if impl == "pyg-edge_index":
+            continue
+        who = "fgplugin" if impl == "fgplugin" else "graphed_step"
+        print(f"{'' if impl == 'fgplugin' else who + ': '}speedup per epoch: "
+              f"{statistics.median(stock_times[skip:]) / statistics.median(times[skip:]):.2f}x; all {args.epochs} "
+              f"epochs incl. {paid}: {sum(stock_times) / (sum(times) + preprocess):.2f}x")
+        break_even = break_even_epoch(stock_times, times, preprocess, skip)
+        print(f"{who}'s total is not below stock PyG's at these medians" if break_even is None else
+              f"{who}'s total ({paid} included) is below stock PyG's from epoch {math.ceil(break_even)}"
+              f"{'' if break_even <= args.epochs else ' (at the medians)'}")
+        rows.append({"order": order, "impl": impl, "op": "break_even_epoch",
+                     "value": None if break_even is None else math.ceil(break_even)})
+    rows.append({"order": args.reorder, "impl": "fgplugin", "op": "preprocess", "ms_median": 1e3 * preprocess})
+    print("(a dataset's pre_transform=BlockReorder() reorders once, saved with the data)")
     if args.json:
-        ms = lambda times: {"ms_median": 1e3 * statistics.median(times[skip:]), "ms_min": 1e3 * min(times[skip:]),  # noqa: E731
-                            "ms_max": 1e3 * max(times[skip:]), "ms_total": 1e3 * sum(times), "warmup": skip}
-        write_json(args.json, args, data, [
-            {"order": "original", "impl": "pyg-edge_index", "op": "epoch", **ms(stock_times)},
-            {"order": args.reorder, "impl": "fgplugin", "op": "epoch", **ms(fast_times)},
-            {"order": args.reorder, "impl": "fgplugin", "op": "preprocess", "ms_median": 1e3 * preprocess},
-            {"order": args.reorder, "impl": "fgplugin", "op": "break_even_epoch",
-             "value": None if break_even is None else math.ceil(break_even)},
-            {"order": "original", "impl": "pyg-edge_index", "op": "accuracy", "value": stock_acc, "epochs": args.epochs},
-            {"order": args.reorder, "impl": "fgplugin", "op": "accuracy", "value": fast_acc, "epochs": args.epochs},
-        ])
+        write_json(args.json, args, data, rows)
 
 
 if __name__ == "__main__":
