@@ -8,12 +8,13 @@
 Stock PyG runs `GCNConv` on the graph as given (random node ids). fgplugin reorders the graph once
 with `BlockReorder` (its preprocessing time is printed), swaps the same model's layers with
 `fgplugin.pyg.convert` (weights kept) and trains on the reordered graph. On a GPU a third copy
-trains on it with `fgplugin.graphed_step`: each step one CUDA graph replay (its first epoch trains
-the warm-up steps and captures the step, and the epochs those steps stand for train no more). All start from the same weights and train in turns, an epoch
-of each (the order alternating), after one untimed step of a throwaway copy, so that all meet the
-same machine state; the script prints the median time per epoch after the first ones (fgplugin plans
-and probes its kernels there; the totals include them), test accuracy, the speedup, and the epoch
-from which fgplugin's total time, preprocessing included, is below stock PyG's.
+trains on it with `fgplugin.graphed_step`, each step one CUDA graph replay. Each fgplugin copy gets
+its own copy of the reordered adjacency, so that each pays its own plans and probes. All start from
+the same weights and train in turns, an epoch of each (the order rotating), after one untimed step
+of a throwaway copy, so that all meet the same machine state; the script prints the median time per
+epoch after the first ones (fgplugin plans and probes its kernels there; the totals include them),
+test accuracy, the speedup, and the epoch from which fgplugin's total time, preprocessing included,
+is below stock PyG's.
 """
 import argparse
 import copy
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +57,8 @@ def synchronize(device: torch.device) -> None:
 # Epochs left out of the per-epoch median: fgplugin's one-time work (plans, kernel probes, the
 # choice of its kept input's form) runs in a model's first epochs; the totals count it.
 WARMUP_EPOCHS = 10
-# graphed_step's warm-up steps (its default): the captured run's first call trains them all
+# graphed_step's warm-up steps (3, its default): the captured copy's first epoch trains them all,
+# and the epochs they stand for, left out of the medians, train no more
 CAPTURE_WARMUP = 3
 
 
@@ -67,61 +70,77 @@ def _step(model, data, graph, optimizer) -> None:
     optimizer.step()
 
 
-def captured(model, data, graph, optimizer, warmup: int = CAPTURE_WARMUP):
+class CapturedStep:
     """A training step for :func:`train_in_turns` run as one CUDA graph replay
-    (``fgplugin.graphed_step``): its first call trains ``warmup`` steps (graphed_step's default;
-    fgplugin makes its choices for a captured step in them) and captures the step, the next
-    ``warmup - 1`` calls, which those steps stand for, train nothing more, and each later call
-    replays the step. The loss indexes the training rows, as a captured step needs (a boolean
-    mask syncs the host)."""
-    rows = data.train_mask.nonzero().squeeze(1)
-    labels = data.y[rows]
-    graphed, trained_ahead = None, 0
+    (``fgplugin.graphed_step``, kept as ``graphed``): the first call trains the ``CAPTURE_WARMUP``
+    warm-up steps (fgplugin makes its choices for a captured step in them) and captures the step,
+    the next ``CAPTURE_WARMUP - 1`` calls, which those steps stand for, train nothing more, and each
+    later call replays the step. The loss indexes the training rows, as a captured step needs (a
+    boolean mask syncs the host)."""
 
-    def step(*_) -> None:
-        nonlocal graphed, trained_ahead
-        if graphed is None:
-            graphed = fgplugin.graphed_step(model, optimizer, lambda out: F.cross_entropy(out[rows], labels),
-                                            data.x, graph, warmup=warmup)
-            trained_ahead = warmup - 1
-        elif trained_ahead:
-            trained_ahead -= 1
+    def __init__(self, model, data, graph, optimizer):
+        self.model, self.optimizer, self.inputs = model, optimizer, (data.x, graph)
+        self.rows = data.train_mask.nonzero().squeeze(1)
+        self.labels = data.y[self.rows]
+        self.graphed, self.trained_ahead = None, 0
+
+    def __call__(self) -> None:
+        if self.graphed is None:
+            self.graphed = fgplugin.graphed_step(self.model, self.optimizer, self.loss, *self.inputs,
+                                                 warmup=CAPTURE_WARMUP)
+            self.trained_ahead = CAPTURE_WARMUP - 1
+        elif self.trained_ahead:
+            self.trained_ahead -= 1
         else:
-            graphed()
-    return step
+            self.graphed()
+
+    def loss(self, out):
+        return F.cross_entropy(out[self.rows], self.labels)
 
 
-def train_in_turns(runs, epochs: int, device: torch.device, seed: int):
-    """Trains each ``(model, data, graph, make_step)`` of ``runs`` full-batch, one epoch of each in
-    turn, the order alternating; ``make_step(model, data, graph, optimizer)`` gives the run's step
-    function (``None``: an eager step). Returns per run (seconds of each epoch, test accuracy).
+class Run(NamedTuple):
+    impl: str  # the name of its JSON rows
+    name: str  # the name of its printed row
+    order: str
+    model: torch.nn.Module
+    data: Data
+    graph: object
+    captured: bool = False  # trained by a CapturedStep
+
+
+def train_in_turns(runs: list[Run], epochs: int, device: torch.device, seed: int):
+    """Trains each run's model full-batch, one epoch of each in turn, the order rotating; returns
+    per run (seconds of each epoch, test accuracy, its CapturedStep or ``None``).
 
     First an untimed step of a copy of the first run's model: the process's first use of what
     every run needs (the CUDA context, the matrix library, the loss's and Adam's kernels) costs
     hundreds of milliseconds on a GPU, which would otherwise fall on whichever run went first."""
-    throwaway = copy.deepcopy(runs[0][0])
-    _step(throwaway, *runs[0][1:3], torch.optim.Adam(throwaway.parameters(), lr=0.01))
+    throwaway = copy.deepcopy(runs[0].model)
+    _step(throwaway, runs[0].data, runs[0].graph, torch.optim.Adam(throwaway.parameters(), lr=0.01))
     synchronize(device)
     torch.manual_seed(seed)
-    states = []
-    for model, data, graph, make_step in runs:
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
-        states.append((model, data, graph, optimizer, make_step(model, data, graph, optimizer) if make_step else _step,
-                       []))
+    steps: list[Callable[[], None]] = []
+    for run in runs:
+        optimizer = torch.optim.Adam(run.model.parameters(), lr=0.01, weight_decay=5e-4)
+        steps.append(CapturedStep(run.model, run.data, run.graph, optimizer) if run.captured else
+                     functools.partial(_step, run.model, run.data, run.graph, optimizer))
+    times = [[] for _ in runs]
     for epoch in range(epochs):
-        for model, data, graph, optimizer, step, times in states[::-1] if epoch % 2 else states:
+        first = epoch % len(runs)
+        for i in [*range(first, len(runs)), *range(first)]:
             synchronize(device)
             start = time.perf_counter()
-            step(model, data, graph, optimizer)
+            steps[i]()
             synchronize(device)
-            times.append(time.perf_counter() - start)
+            times[i].append(time.perf_counter() - start)
     results = []
-    for model, data, graph, _, _, times in states:
-        model.eval()
+    for run, step, run_times in zip(runs, steps, times):
+        run.model.eval()
         with torch.no_grad():
-            pred = model(data.x, graph).argmax(dim=1)
-        test = data.test_mask & (data.y >= 0)
-        results.append((times, float((pred[test] == data.y[test]).float().mean())))
+            pred = run.model(run.data.x, run.graph).argmax(dim=1)
+        test = run.data.test_mask & (run.data.y >= 0)
+        results.append((run_times, float((pred[test] == run.data.y[test]).float().mean()),
+                        step if run.captured else None))
     return results
 
 
@@ -192,7 +211,6 @@ def main() -> None:
     torch.manual_seed(args.seed)
     stock = GCN(data.num_features, args.hidden, int(data.y.max()) + 1).to(device)
     fast = convert(copy.deepcopy(stock))
-    graphed = convert(copy.deepcopy(stock)) if device.type == "cuda" else None
 
     synchronize(device)
     start = time.perf_counter()
@@ -201,38 +219,46 @@ def main() -> None:
     preprocess = time.perf_counter() - start
     print(f"preprocessing (reorder '{args.reorder}' + tile plan): {preprocess:.2f} s; {reordered.adj_t}")
 
-    # (impl, row name, order, run; what its total pays for besides the epochs)
-    runs = [("pyg-edge_index", "PyG GCNConv (original order)", "original", (stock, data, data.edge_index, None), ""),
-            ("fgplugin", "fgplugin (reordered)", args.reorder, (fast, reordered, reordered.adj_t, None), "preprocessing")]
-    if graphed is not None:
-        capture = functools.partial(captured, warmup=min(CAPTURE_WARMUP, args.epochs))
-        runs.append(("fgplugin-graphed", "fgplugin, graphed_step", args.reorder,
-                     (graphed, reordered, reordered.adj_t, capture), "preprocessing and capture"))
-    results = train_in_turns([run[3] for run in runs], args.epochs, device, args.seed)
+    runs = [Run("pyg-edge_index", "PyG GCNConv (original order)", "original", stock, data, data.edge_index),
+            Run("fgplugin", "fgplugin (reordered)", args.reorder, fast, reordered, reordered.adj_t)]
+    if device.type == "cuda" and args.epochs > CAPTURE_WARMUP:
+        # on a copy of the adjacency: its plans and probes are built lazily, and each copy pays its own
+        runs.append(Run("fgplugin-graphed", "fgplugin, graphed_step", args.reorder, convert(copy.deepcopy(stock)),
+                        reordered, reordered.adj_t.to(device, copy=True), captured=True))
+    elif device.type == "cuda":
+        print(f"(graphed_step's copy runs from {CAPTURE_WARMUP + 1} epochs on: its warm-up takes {CAPTURE_WARMUP})")
+    results = train_in_turns(runs, args.epochs, device, args.seed)
     skip = min(WARMUP_EPOCHS, args.epochs - 1)
+    medians = [statistics.median(times[skip:]) for times, *_ in results]
     print(f"{'impl':<28}{'ms/epoch':>10}{'test acc':>10}   (ms/epoch: median of epochs {skip + 1}-{args.epochs})")
-    for (_, name, *_), (times, accuracy) in zip(runs, results):
-        print(f"{name:<28}{1e3 * statistics.median(times[skip:]):>10.2f}{accuracy:>10.3f}")
+    for run, median, (_, accuracy, _) in zip(runs, medians, results):
+        print(f"{run.name:<28}{1e3 * median:>10.2f}{accuracy:>10.3f}")
     stock_times = results[0][0]
     rows = []
-    for (impl, _, order, _, paid), (times, accuracy) in zip(runs, results):
-        rows.append({"order": order, "impl": impl, "op": "epoch", "ms_median": 1e3 * statistics.median(times[skip:]),
+    for run, median, (times, accuracy, step) in zip(runs, medians, results):
+        epoch_row = {"order": run.order, "impl": run.impl, "op": "epoch", "ms_median": 1e3 * median,
                      "ms_min": 1e3 * min(times[skip:]), "ms_max": 1e3 * max(times[skip:]),
-                     "ms_total": 1e3 * sum(times), "warmup": skip})
-        rows.append({"order": order, "impl": impl, "op": "accuracy", "value": accuracy, "epochs": args.epochs})
-        if impl == "pyg-edge_index":
+                     "ms_total": 1e3 * sum(times), "warmup": skip}
+        rows += [epoch_row, {"order": run.order, "impl": run.impl, "op": "accuracy", "value": accuracy,
+                             "epochs": args.epochs}]
+        if run.impl == "pyg-edge_index":
             continue
-        who = "fgplugin" if impl == "fgplugin" else "graphed_step"
-        print(f"{'' if impl == 'fgplugin' else who + ': '}speedup per epoch: "
-              f"{statistics.median(stock_times[skip:]) / statistics.median(times[skip:]):.2f}x; all {args.epochs} "
+        preprocess_row = {"order": run.order, "impl": run.impl, "op": "preprocess", "ms_median": 1e3 * preprocess}
+        who, paid = "fgplugin", "preprocessing"
+        if step is not None:
+            who, paid = "graphed_step", "preprocessing and capture"
+            epoch_row["captured"] = step.graphed.graph is not None
+            preprocess_row["capture_ms"] = None if step.graphed.capture_s is None else 1e3 * step.graphed.capture_s
+            if not epoch_row["captured"]:
+                print(f"graphed_step ran the step eagerly: {step.graphed.fallback_reason}")
+        print(f"{'' if step is None else who + ': '}speedup per epoch: {medians[0] / median:.2f}x; all {args.epochs} "
               f"epochs incl. {paid}: {sum(stock_times) / (sum(times) + preprocess):.2f}x")
         break_even = break_even_epoch(stock_times, times, preprocess, skip)
         print(f"{who}'s total is not below stock PyG's at these medians" if break_even is None else
               f"{who}'s total ({paid} included) is below stock PyG's from epoch {math.ceil(break_even)}"
               f"{'' if break_even <= args.epochs else ' (at the medians)'}")
-        rows.append({"order": order, "impl": impl, "op": "break_even_epoch",
-                     "value": None if break_even is None else math.ceil(break_even)})
-    rows.append({"order": args.reorder, "impl": "fgplugin", "op": "preprocess", "ms_median": 1e3 * preprocess})
+        rows += [preprocess_row, {"order": run.order, "impl": run.impl, "op": "break_even_epoch",
+                                  "value": None if break_even is None else math.ceil(break_even)}]
     print("(a dataset's pre_transform=BlockReorder() reorders once, saved with the data)")
     if args.json:
         write_json(args.json, args, data, rows)

@@ -1,5 +1,7 @@
 """The examples the README points users to run as printed: the main job (examples/train_gcn.py)
 and the two drop-in scripts, on the CPU, each in a fresh interpreter."""
+import copy
+import functools
 import importlib.util
 import json
 import os
@@ -8,7 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import require_dgl
+from torch_geometric.data import Data
+
+import fgplugin.pyg
+from fgplugin.datasets import community_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,10 +60,18 @@ def test_main_jobs_break_even_epoch_counts_every_epoch_then_extrapolates():
     assert break_even([1.0, 1.0], [1.0, 1.0], 0.1, 1) is None  # no faster at the median
 
 
+def _main_job_model(train_gcn, seed: int = 0):
+    graph = community_graph("tiny", seed=seed)
+    data = Data(x=graph.x, edge_index=graph.edge_index, y=graph.y, num_nodes=graph.num_nodes)
+    data.train_mask = torch.arange(graph.num_nodes) % 3 == 0
+    torch.manual_seed(seed)
+    return data, fgplugin.pyg.convert(train_gcn.GCN(data.num_features, 16, int(data.y.max()) + 1))
+
+
 def test_main_jobs_captured_run_trains_a_step_a_call_as_the_eager_one(monkeypatch):
-    """Off CUDA graphed_step trains eagerly (saying so): the captured run's step function then
-    trains exactly as the eager run's, a step per call (the warm-up's steps all in the first
-    call, for it and the two calls after it)."""
+    """Off CUDA graphed_step trains eagerly (saying so): the captured copy's step then trains
+    exactly as the eager copy's, a step per call (the warm-up's steps all in the first call, for it
+    and the two calls after it), on the graph it is given."""
     train_gcn = _load_main_job()
     made, make = [], train_gcn.fgplugin.graphed_step
 
@@ -64,32 +79,40 @@ def test_main_jobs_captured_run_trains_a_step_a_call_as_the_eager_one(monkeypatc
         made.append(make(*args, **kwargs))
         return made[-1]
     monkeypatch.setattr(train_gcn.fgplugin, "graphed_step", graphed_step)
-    import copy
-
-    import torch
-    from fgplugin.datasets import community_graph
-    from torch_geometric.data import Data
-    import fgplugin.pyg
-
-    graph = community_graph("tiny", seed=0)
-    data = Data(x=graph.x, edge_index=graph.edge_index, y=graph.y, num_nodes=graph.num_nodes)
-    data.train_mask = torch.arange(graph.num_nodes) % 3 == 0
-    torch.manual_seed(0)
-    model = fgplugin.pyg.convert(train_gcn.GCN(data.num_features, 16, int(data.y.max()) + 1))
+    data, model = _main_job_model(train_gcn)
+    graph = data.edge_index[:, ::2]  # not the data's own graph: the step must train on the one given
     twin = copy.deepcopy(model)
     initial = {name: value.detach().clone() for name, value in model.named_parameters()}
     trained = []
-    for net, make_step in ((model, None), (twin, train_gcn.captured)):
+    for net, captured in ((model, False), (twin, True)):
         optimizer = torch.optim.Adam(net.parameters(), lr=0.01, weight_decay=5e-4)
-        step = make_step(net, data, data.edge_index, optimizer) if make_step else train_gcn._step
+        step = train_gcn.CapturedStep(net, data, graph, optimizer) if captured else \
+            functools.partial(train_gcn._step, net, data, graph, optimizer)
         torch.manual_seed(1)
         for _ in range(5):
-            step(net, data, data.edge_index, optimizer)
+            step()
         trained.append(dict(net.named_parameters()))
     for name, value in trained[0].items():
         assert not torch.equal(value, initial[name])
         torch.testing.assert_close(trained[1][name], value, rtol=1e-6, atol=1e-7)
     assert len(made) == 1 and made[0].fallback_reason.startswith("CUDA graphs need")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a CUDA GPU")
+def test_main_jobs_captured_run_captures_its_step_on_a_gpu():
+    train_gcn = _load_main_job()
+    data, model = _main_job_model(train_gcn)
+    data, model = data.to("cuda"), model.to("cuda")
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+    step = train_gcn.CapturedStep(model, data, data.edge_index, optimizer)
+    for _ in range(train_gcn.CAPTURE_WARMUP):  # the warm-up's steps, then the capture
+        step()
+    assert step.graphed.graph is not None and step.graphed.fallback_reason is None
+    warmed_up = [p.detach().clone() for p in model.parameters()]
+    for _ in range(2):  # replays train
+        step()
+    torch.cuda.synchronize()
+    assert all(not torch.equal(w, p) for w, p in zip(warmed_up, model.parameters()))
 
 
 def test_main_job_refuses_no_epochs():
