@@ -1,5 +1,6 @@
 """The examples the README points users to run as printed: the main job (examples/train_gcn.py)
-and the two drop-in scripts, on the CPU, each in a fresh interpreter."""
+and the two drop-in scripts, on the CPU, each in a fresh interpreter; and the main job's pieces
+in this one (its captured copy's step also on a GPU, where there is one)."""
 import copy
 import functools
 import importlib.util
@@ -102,9 +103,9 @@ def test_main_jobs_captured_run_trains_a_step_a_call_as_the_eager_one(monkeypatc
 def test_main_jobs_captured_run_captures_its_step_on_a_gpu():
     train_gcn = _load_main_job()
     data, model = _main_job_model(train_gcn)
-    data, model = data.to("cuda"), model.to("cuda")
+    data, model = fgplugin.pyg.BlockReorder()(data.to("cuda")), model.to("cuda")  # as the main job runs it
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
-    step = train_gcn.CapturedStep(model, data, data.edge_index, optimizer)
+    step = train_gcn.CapturedStep(model, data, data.adj_t, optimizer)
     for _ in range(train_gcn.CAPTURE_WARMUP):  # the warm-up's steps, then the capture
         step()
     assert step.graphed.graph is not None and step.graphed.fallback_reason is None
