@@ -157,6 +157,43 @@ def break_even_epoch(stock_times, fast_times, preprocess: float, skip: int) -> f
     return len(stock_times) + behind / gain if gain > 0 else None
 
 
+def report(runs: list[Run], results, preprocess: float, epochs: int) -> list[dict]:
+    """Prints each run's median epoch and test accuracy, and each fgplugin run's speedup over stock
+    PyG (the first run) and break-even epoch; returns the JSON rows (docs/benchmarks.md schema)."""
+    skip = min(WARMUP_EPOCHS, epochs - 1)
+    medians = [statistics.median(times[skip:]) for times, *_ in results]
+    print(f"{'impl':<28}{'ms/epoch':>10}{'test acc':>10}   (ms/epoch: median of epochs {skip + 1}-{epochs})")
+    for run, median, (_, accuracy, _) in zip(runs, medians, results):
+        print(f"{run.name:<28}{1e3 * median:>10.2f}{accuracy:>10.3f}")
+    stock_times = results[0][0]
+    rows = []
+    for run, median, (times, accuracy, step) in zip(runs, medians, results):
+        epoch_row = {"order": run.order, "impl": run.impl, "op": "epoch", "ms_median": 1e3 * median,
+                     "ms_min": 1e3 * min(times[skip:]), "ms_max": 1e3 * max(times[skip:]),
+                     "ms_total": 1e3 * sum(times), "warmup": skip}
+        rows += [epoch_row, {"order": run.order, "impl": run.impl, "op": "accuracy", "value": accuracy,
+                             "epochs": epochs}]
+        if run.impl == "pyg-edge_index":
+            continue
+        preprocess_row = {"order": run.order, "impl": run.impl, "op": "preprocess", "ms_median": 1e3 * preprocess}
+        who, paid = "fgplugin", "preprocessing"
+        if step is not None:
+            who, paid = "graphed_step", "preprocessing and capture"
+            epoch_row["captured"] = step.graphed.graph is not None
+            preprocess_row["capture_ms"] = None if step.graphed.capture_s is None else 1e3 * step.graphed.capture_s
+            if not epoch_row["captured"]:
+                print(f"graphed_step ran the step eagerly: {step.graphed.fallback_reason}")
+        print(f"{'' if step is None else who + ': '}speedup per epoch: {medians[0] / median:.2f}x; all {epochs} "
+              f"epochs incl. {paid}: {sum(stock_times) / (sum(times) + preprocess):.2f}x")
+        break_even = break_even_epoch(stock_times, times, preprocess, skip)
+        print(f"{who}'s total is not below stock PyG's at these medians" if break_even is None else
+              f"{who}'s total ({paid} included) is below stock PyG's from epoch {math.ceil(break_even)}"
+              f"{'' if break_even <= epochs else ' (at the medians)'}")
+        rows += [preprocess_row, {"order": run.order, "impl": run.impl, "op": "break_even_epoch",
+                                  "value": None if break_even is None else math.ceil(break_even)}]
+    return rows
+
+
 def write_json(path, args, data, rows) -> None:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -228,37 +265,7 @@ def main() -> None:
     elif device.type == "cuda":
         print(f"(graphed_step's copy runs from {CAPTURE_WARMUP + 1} epochs on: its warm-up takes {CAPTURE_WARMUP})")
     results = train_in_turns(runs, args.epochs, device, args.seed)
-    skip = min(WARMUP_EPOCHS, args.epochs - 1)
-    medians = [statistics.median(times[skip:]) for times, *_ in results]
-    print(f"{'impl':<28}{'ms/epoch':>10}{'test acc':>10}   (ms/epoch: median of epochs {skip + 1}-{args.epochs})")
-    for run, median, (_, accuracy, _) in zip(runs, medians, results):
-        print(f"{run.name:<28}{1e3 * median:>10.2f}{accuracy:>10.3f}")
-    stock_times = results[0][0]
-    rows = []
-    for run, median, (times, accuracy, step) in zip(runs, medians, results):
-        epoch_row = {"order": run.order, "impl": run.impl, "op": "epoch", "ms_median": 1e3 * median,
-                     "ms_min": 1e3 * min(times[skip:]), "ms_max": 1e3 * max(times[skip:]),
-                     "ms_total": 1e3 * sum(times), "warmup": skip}
-        rows += [epoch_row, {"order": run.order, "impl": run.impl, "op": "accuracy", "value": accuracy,
-                             "epochs": args.epochs}]
-        if run.impl == "pyg-edge_index":
-            continue
-        preprocess_row = {"order": run.order, "impl": run.impl, "op": "preprocess", "ms_median": 1e3 * preprocess}
-        who, paid = "fgplugin", "preprocessing"
-        if step is not None:
-            who, paid = "graphed_step", "preprocessing and capture"
-            epoch_row["captured"] = step.graphed.graph is not None
-            preprocess_row["capture_ms"] = None if step.graphed.capture_s is None else 1e3 * step.graphed.capture_s
-            if not epoch_row["captured"]:
-                print(f"graphed_step ran the step eagerly: {step.graphed.fallback_reason}")
-        print(f"{'' if step is None else who + ': '}speedup per epoch: {medians[0] / median:.2f}x; all {args.epochs} "
-              f"epochs incl. {paid}: {sum(stock_times) / (sum(times) + preprocess):.2f}x")
-        break_even = break_even_epoch(stock_times, times, preprocess, skip)
-        print(f"{who}'s total is not below stock PyG's at these medians" if break_even is None else
-              f"{who}'s total ({paid} included) is below stock PyG's from epoch {math.ceil(break_even)}"
-              f"{'' if break_even <= args.epochs else ' (at the medians)'}")
-        rows += [preprocess_row, {"order": run.order, "impl": run.impl, "op": "break_even_epoch",
-                                  "value": None if break_even is None else math.ceil(break_even)}]
+    rows = report(runs, results, preprocess, args.epochs)
     print("(a dataset's pre_transform=BlockReorder() reorders once, saved with the data)")
     if args.json:
         write_json(args.json, args, data, rows)

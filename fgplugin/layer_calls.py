@@ -242,12 +242,13 @@ def keep(owner, graph_input, edge_weight, objects: tuple, values: tuple, x) -> N
     forget(owner)
     if decision is None or not _may_keep(graph_input, edge_weight, x):
         return
-    if decision.kind != KEPT_INPUT and not torch.is_grad_enabled():
-        return  # an evaluation's call (once per epoch, not worth keeping) decides afresh
-    if decision.kind != KEPT_INPUT and not x.requires_grad and input_cache.of(owner).holds:
-        # the cache kept an input it could not serve here (saved-tensor hooks): its next call with
-        # that input must reach it, so decide again
-        return
+    if decision.kind != KEPT_INPUT:
+        if not torch.is_grad_enabled():
+            return  # an evaluation's call (once per epoch, not worth keeping) decides afresh
+        if not x.requires_grad and input_cache.of(owner).holds:
+            # the cache kept an input it could not serve here (saved-tensor hooks): its next call
+            # with that input must reach it, so decide again
+            return
     adj = decision.adj()
     if adj is None or (adj.values is not None and adj.values.is_inference()):
         return  # edge values made in inference mode have no version to key on
