@@ -558,3 +558,52 @@ def test_a_weight_with_a_torch_function_of_its_own_sees_every_repeated_call(devi
     conv.lin.weight = torch.nn.Parameter(torch.round(base * 4) / 4)
     want = _full_path(conv, x, g)
     assert all(torch.equal(out, want) for out in outs)
+
+
+class _DoubledLinear(torch.nn.Linear):
+    """A linear map of another kind (not ``x W^T``): the layer must apply the module itself."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("freed", [True, False], ids=["freed", "alive"])
+def test_a_linear_map_of_another_kind_is_seen(device, freed):
+    # A kept call names objects by id, which Python gives again to an object made where a freed one
+    # was (freed: a new map, of another kind, sharing the old one's weight, is one such); a map
+    # held elsewhere keeps its id (alive)
+    conv, g = _setup(device)
+    weight = conv.lin.weight
+    x = torch.randn(60, IN, device=device, requires_grad=True)
+    held, reused = [], 0
+    for _ in range(10):
+        conv.lin = torch.nn.Linear(IN, OUT, bias=False).to(device)
+        conv.lin.weight = weight
+        for _ in range(2):
+            conv(x, g)
+        assert conv.__dict__.get("_fgplugin_layer_call") is not None
+        old_id = id(conv.lin)
+        if not freed:
+            held.append(conv.lin)
+        del conv.lin
+        conv.lin = _DoubledLinear(IN, OUT, bias=False).to(device)
+        conv.lin.weight = weight
+        reused += id(conv.lin) == old_id
+        out = conv(x, g)
+        assert torch.equal(out, _full_path(conv, x, g))
+        # A (2 x W^T) + b, from the stock layer's A x W^T + b
+        assert rel_error(out, 2 * (_stock(conv, x, g) - conv.bias) + conv.bias) <= 1e-5
+    # freed: else the test shows nothing, the case it guards against did not occur
+    assert reused if freed else not reused
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("constant", [False, True], ids=["hidden", "first"])
+def test_graphs_in_turns_are_each_aggregated_over(device, constant):
+    conv, _ = _setup(device)
+    graphs = [random_graph_case(seed, n_src=60).edge_index.to(device) for seed in (1, 2)]
+    x = torch.randn(60, IN, device=device, requires_grad=not constant)
+    for step in range(6):
+        g = graphs[step % 2]
+        assert rel_error(conv(x, g), _stock(conv, x, g)) <= 1e-5
