@@ -145,28 +145,24 @@ def aggregate_as_decided(decision: layer_calls.Decision, owner: torch.nn.Module,
     # edge values or scales that came to need a gradient (``requires_grad_`` changes no version):
     # the scales noted with the decision, and a kept input, were computed without it; the full
     # path computes them afresh. Asked before the input cache counts a call on trial.
-    if parts is None:
+    if parts is None or need_grads(parts[0].values, *parts[1]):
         return None
-    adj, scales = parts
-    if need_grads(adj.values, *scales):
-        return None
-    kind = decision.kind
-    if kind == layer_calls.TRANSFORMED:
-        product = layer_calls.product_call(decision)
-        if product is False:
-            return None
-        # a weight or bias with a __torch_function__ of its own must see its ops: the C++ call skips it
-        if product is not None and not has_torch_function((weight, bias)):
-            return product.transformed(x, weight, decision.width - weight.shape[0], *scales, bias)
-        return _transformed_product(Aggregation(adj, Normalization(*scales)), x, weight.t(), bias, decision.width)
-    if kind == layer_calls.KEPT_INPUT:  # in the form the input cache holds now
+    if decision.kind == layer_calls.KEPT_INPUT:  # in the form the input cache holds now
         kept = input_cache.of(owner).kept_for_call(x)
         if kept is None:
             return None
         if isinstance(kept, Tensor):
             return transform_with_bias(kept, weight.t(), bias)
-        return _transformed_product(Aggregation(adj, Normalization(*scales)), kept, weight.t(), bias, decision.width)
-    return transform_with_bias(Aggregation(adj, Normalization(*scales))(x), weight.t(), bias)  # AGGREGATED
+        return _transformed_product(Aggregation(*parts), kept, weight.t(), bias, decision.width)
+    if decision.kind == layer_calls.AGGREGATED:
+        return transform_with_bias(Aggregation(*parts)(x), weight.t(), bias)
+    product = layer_calls.product_call(decision)
+    # a weight or bias with a __torch_function__ of its own must see its ops: the C++ call skips it
+    if product is None or has_torch_function((weight, bias)):
+        return _transformed_product(Aggregation(*parts), x, weight.t(), bias, decision.width)
+    if product is False:
+        return None
+    return product.transformed(x, weight, decision.width - weight.shape[0], *parts[1], bias)
 
 
 def is_distributed(obj, module: str, name: str) -> bool:

@@ -91,15 +91,12 @@ def _is(held, obj) -> bool:
 
 def _strong(held):
     """What :func:`_weak` made ``held`` of, or ``None`` when a referred object was freed."""
-    if type(held) is weakref.ref:
-        return held()
-    if not isinstance(held, tuple):
-        return held
-    parts = tuple(map(_strong, held))  # a kept call's scales on every call: no generator
-    for part, h in zip(parts, held):  # not `None in parts`, which compares tensors with ==
-        if part is None and h is not None:
+    if isinstance(held, tuple):
+        parts = [_strong(h) for h in held]
+        if any(p is None and h is not None for p, h in zip(parts, held)):
             return None
-    return parts
+        return tuple(parts)
+    return held() if isinstance(held, weakref.ref) else held
 
 
 class Decision(NamedTuple):
@@ -115,11 +112,10 @@ class Decision(NamedTuple):
     width: int = 0
     product: weakref.ref | None = None  # TRANSFORMED: the product's kept call (see decided_product)
 
-    def aggregation_parts(self) -> tuple[TiledAdjacency, tuple] | None:
-        """``(adj, scales)``, the scales as the tuple ``(r, c, d)`` (``Normalization``'s fields), or
-        ``None`` where any was freed."""
+    def aggregation_parts(self) -> tuple[TiledAdjacency, Normalization] | None:
+        """``(adj, scales)``, or ``None`` where either was freed."""
         adj, norm = self.adj(), _strong(self.norm)
-        return None if adj is None or norm is None else (adj, norm)
+        return None if adj is None or norm is None else (adj, Normalization(*norm))
 
     def __reduce__(self):
         return _dropped()
@@ -178,37 +174,14 @@ def product_call(decision: Decision):
 
 
 class KeptLayerCall:
-    """One layer's decided call and the key it was decided for, all held weakly.
+    """One layer's decided call and the key it was decided for, all held weakly."""
 
-    A repeated call is checked by one comparison of keys: objects are keyed by ``id``, which
-    names them only while they live, so every object keyed so (the graph input and the layer's
-    objects that take a weak reference) is watched by a weak reference whose callback marks the
-    kept call dead the moment one is freed, before its id can be reused. Objects that take no weak
-    reference (a graph cache held as a tuple) are compared part by part as well."""
-
-    __slots__ = ("key", "by_parts", "decision", "last_input", "live", "_watch", "__weakref__")
+    __slots__ = ("graph_input", "key", "objects", "decision", "last_input")
 
     def __init__(self, graph_input, objects: tuple, values: tuple, x: Tensor, decision: Decision):
-        self.live = True
-        this = weakref.ref(self)
-
-        def freed(_, this=this):
-            kept = this()
-            if kept is not None:
-                kept.live = False
-
-        watch, by_parts = [], []
-        for at, obj in enumerate(objects):
-            if obj is None:
-                continue
-            try:
-                watch.append(weakref.ref(obj, freed))
-            except TypeError:  # a tuple (a graph cache) or a plain value
-                by_parts.append((at, _weak(obj)))
-        watch.append(weakref.ref(graph_input, freed))
-        self._watch = tuple(watch)
-        self.by_parts = tuple(by_parts)
-        self.key = _key(graph_input, objects, values, x, decision.adj())
+        self.graph_input = weakref.ref(graph_input)
+        self.objects = _weak(objects)
+        self.key = _key(graph_input, values, x, decision)
         self.decision = decision
         # an input that needs no gradient (not the cache's), as of the last call served: the same
         # tensor again may be a constant input, which the full path lets the input cache keep
@@ -220,31 +193,25 @@ class KeptLayerCall:
         return _dropped()
 
     def matches(self, graph_input, objects: tuple, values: tuple, x: Tensor) -> bool:
-        if not self.live:
+        if self.last_input is not None and self.last_input() is x:
             return False
-        last = self.last_input
-        if last is not None and last() is x:
-            return False
-        for at, held in self.by_parts:
-            if not _is(held, objects[at]):
-                return False
-        return _key(graph_input, objects, values, x, self.decision.adj()) == self.key
+        return (self.graph_input() is graph_input and _is(self.objects, objects)
+                and _key(graph_input, values, x, self.decision) == self.key)
 
 
 def _dropped():
     return type(None), ()
 
 
-def _key(graph_input, objects: tuple, values: tuple, x: Tensor, adj) -> tuple:
-    """What a decision depends on: the objects' and the graph input's identities (``id``: see
-    :class:`KeptLayerCall`), the layer's plain settings (``values``), ``x``'s kind, grad mode, the
-    switches (the product's too, which a kept product call would otherwise skip), and the versions
-    of the graph input and of the edge values the scales were computed from (``adj``'s, ``None``
-    where it was freed)."""
+def _key(graph_input, values: tuple, x: Tensor, decision: Decision) -> tuple:
+    """What a decision depends on besides objects' identities: the layer's plain settings
+    (``values``), ``x``'s kind, grad mode, the switches (the product's too, which a kept product
+    call would otherwise skip), and the versions of the graph input and of the edge values the
+    scales were computed from."""
+    adj = decision.adj()
     edge_values = None if adj is None else adj.values
-    return (tuple(map(id, objects)), id(graph_input), values, type(x), x.layout, x.dtype, x.device, x.shape,
-            x.requires_grad, torch.is_grad_enabled(), settings.input_cache, settings.sparse_input, *switches(),
-            graph_input._version if isinstance(graph_input, Tensor) else None,
+    return (values, x.dtype, x.device, x.shape, x.requires_grad, torch.is_grad_enabled(), settings.input_cache,
+            settings.sparse_input, *switches(), graph_input._version if isinstance(graph_input, Tensor) else None,
             adj is None, None if edge_values is None else edge_values._version)
 
 
@@ -261,11 +228,7 @@ def find(owner, graph_input, edge_weight, objects: tuple, values: tuple, x) -> D
     identity (its linear map, weight, bias, graph cache); ``values``: its plain settings
     (normalization options, node dimension, the weight's shape), compared by equality."""
     kept = owner.__dict__.get(_KEPT)
-    # the key holds what _may_keep asked of x's type and layout and of the graph input (the same
-    # object); the context and the edge weight are asked anew
-    if (kept is None or edge_weight is not None or not isinstance(x, Tensor)
-            or not kept.matches(graph_input, objects, values, x) or not context_allows(x)
-            or torch.is_inference_mode_enabled()):
+    if kept is None or not _may_keep(graph_input, edge_weight, x) or not kept.matches(graph_input, objects, values, x):
         return None
     if kept.last_input is not None:
         kept.last_input = weakref.ref(x)

@@ -570,9 +570,9 @@ class _DoubledLinear(torch.nn.Linear):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("freed", [True, False], ids=["freed", "alive"])
 def test_a_linear_map_of_another_kind_is_seen(device, freed):
-    # A kept call names objects by id, which Python gives again to an object made where a freed one
-    # was (freed: a new map, of another kind, sharing the old one's weight, is one such); a map
-    # held elsewhere keeps its id (alive)
+    # A linear map of another kind, sharing the weight, in place of the one a call was kept with:
+    # made where the freed one was (freed: Python then gives it the old one's id, which a check
+    # by id alone would take for the kept map), or while that one lives on elsewhere (alive)
     conv, g = _setup(device)
     weight = conv.lin.weight
     x = torch.randn(60, IN, device=device, requires_grad=True)

@@ -62,14 +62,10 @@ class GCNConv(FgpluginLayer, pyg_conv.GCNConv):
         (fgplugin.layer_calls), or ``None``: then the full path runs."""
         if torch.compiler.is_compiling() or not self._fgplugin_serves():
             return None
-        # read where nn.Module's __getattr__ would find them, which costs a microsecond a read; a
-        # weight that is not a registered parameter (a parametrization's property) takes the full path
-        lin = self._modules.get("lin")
-        weight = None if lin is None else lin._parameters.get("weight")
-        if weight is None or lin._forward_hooks or lin._forward_pre_hooks:
+        lin = self.lin  # each read through nn.Module's __getattr__ costs a microsecond: once
+        if lin._forward_hooks or lin._forward_pre_hooks:
             return None
-        params = self._parameters
-        bias = params["bias"] if "bias" in params else self.bias
+        weight, bias = lin.weight, self.bias
         decision = layer_calls.find(self, edge_index, edge_weight, self._decision_objects(lin, weight, bias),
                                     self._decision_values(weight, bias, edge_index), x)
         if decision is None:
