@@ -25,11 +25,11 @@ When a layer uses it (all must hold, else the layer runs as without it, at no ex
 
 Switch it off with ``FGPLUGIN_INPUT_CACHE=0`` or :func:`fgplugin.set_input_cache`. A layer holds
 at most one kept input (two forms of it while fgplugin.form_trial times them); a call with another
-input drops it, so does freeing ``x``, and a layer that is copied or pickled starts empty. Changes
-that PyTorch does not count in ``_version`` (writes through ``x.data`` or through a NumPy view)
-are not seen: after such a write, call
-:meth:`InputCache.clear` on the layer's cache (``fgplugin.input_cache.of(layer)``) or switch the
-cache off.
+input drops it, so does freeing ``x``, and a layer that is copied or pickled starts empty. An
+assignment to ``x.data`` is seen (``x``'s data then lives elsewhere). Writes that PyTorch does not
+count in ``_version`` are not: in place through ``x.data`` (``x.data.mul_(2)``) or through a NumPy
+view of ``x``. After such a write, call :meth:`InputCache.clear` on the layer's cache
+(``fgplugin.input_cache.of(layer)``) or switch the cache off.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ MAX_MEMORY_FRACTION = 0.125
 
 class _Key:
     """What an aggregation depends on: tensors and other objects by identity (a weak reference;
-    tensors also by ``_version``), plain values (normalization settings) by equality."""
+    tensors also by :func:`_stamp`), plain values (normalization settings) by equality."""
 
     __slots__ = ("_parts",)
 
@@ -63,13 +63,13 @@ class _Key:
             except TypeError:  # a plain value: None, a number, a string, a named tuple of them
                 parts.append((False, obj, None))
                 continue
-            parts.append((True, ref, obj._version if isinstance(obj, Tensor) else None))
+            parts.append((True, ref, _stamp(obj) if isinstance(obj, Tensor) else None))
         self._parts = tuple(parts)
 
     def is_of(self, x) -> bool:
         """Whether the first object keyed (the input) is ``x`` as it is now."""
         by_ref, held, version = self._parts[0]
-        return by_ref and held() is x and x._version == version
+        return by_ref and held() is x and _stamp(x) == version
 
     def matches(self, deps: tuple) -> bool:
         if len(deps) != len(self._parts):
@@ -77,11 +77,18 @@ class _Key:
         for obj, (by_ref, held, version) in zip(deps, self._parts):
             if by_ref:  # a dead reference never matches: its object is gone, whatever this call passes
                 now = held()
-                if now is None or now is not obj or (isinstance(obj, Tensor) and obj._version != version):
+                if now is None or now is not obj or (isinstance(obj, Tensor) and _stamp(obj) != version):
                     return False
             elif type(obj) is not type(held) or obj != held:
                 return False
         return True
+
+
+def _stamp(t: Tensor) -> tuple:
+    """What tells a tensor's contents apart over time, as far as torch lets it: its version counter
+    (in-place writes through torch), and where its data lives and its shape (an assignment to
+    ``t.data``, which leaves the counter as it was)."""
+    return t._version, t.data_ptr() if t.layout == torch.strided else None, t.shape
 
 
 class InputCache:

@@ -125,6 +125,25 @@ def test_changed_input_is_seen(spmm_calls):
     assert not input_cache.of(ours).holds
 
 
+@pytest.mark.parametrize("config", LAYERS)
+def test_an_input_given_new_data_is_seen(config):
+    """``x.data = other`` leaves ``x``'s version counter as it was; the kept aggregation must not
+    serve it (other features), and features of another width get the stock layer's error."""
+    ei, stock, ours, x, _, _ = training_pair(config)
+    for _ in range(3):
+        ours(x, ei)
+    assert input_cache.of(ours).holds
+    x.data = torch.randn_like(x)
+    for _ in range(2):  # the new data, then (kept again) the same
+        assert rel_err(ours(x, ei), stock(x, ei)) < TOL
+    x.data = torch.randn(x.shape[0], x.shape[1] + 1)
+    with pytest.raises(RuntimeError) as ours_error:
+        ours(x, ei)
+    with pytest.raises(RuntimeError) as stock_error:
+        stock(x, ei)
+    assert str(ours_error.value) == str(stock_error.value)
+
+
 @pytest.mark.parametrize("write", [lambda t: t.mul_(2), lambda t: t.data.mul_(2)], ids=["in_place", "through_data"])
 @pytest.mark.parametrize("config,linear", [("sg", "lin"), ("sage", "lin_l")])
 def test_a_linear_map_that_writes_to_its_input_leaves_the_kept_aggregation_intact(config, linear, write):
