@@ -107,6 +107,23 @@ def test_pyg_layers_name_a_feature_count_that_does_not_fit_the_graph():
         fp.GCNConv(3, 2)(torch.randn(3, 3), EDGES)
 
 
+def test_pyg_layers_name_why_a_tiled_adjacency_takes_no_edge_weight():
+    """Weights that a TiledAdjacency cannot map onto its edges (built without their order) get the
+    adjacency's error, not the stock layer's, which cannot read a TiledAdjacency; one built with
+    weights (BlockReorder's data.adj_t) also says it carries them."""
+    import fgplugin.pyg as fp
+
+    weights = torch.rand(EDGES.shape[1])
+    plain = TiledAdjacency.from_edge_index(EDGES, 4, keep_edge_order=False)
+    weighted = TiledAdjacency.from_edge_index(EDGES, 4, weights, keep_edge_order=False)
+    for conv in (fp.GCNConv(3, 2), fp.SGConv(3, 2), fp.LGConv()):
+        with pytest.raises(ValueError, match="keep_edge_order=True") as refused:
+            conv(torch.randn(4, 3), plain, weights)
+        assert "already carries edge weights" not in str(refused.value)
+        with pytest.raises(ValueError, match="already carries edge weights .*: pass it without edge_weight"):
+            conv(torch.randn(4, 3), weighted, weights)
+
+
 def test_cached_layer_keeps_its_first_graph_like_stock():
     """A cached=True layer keeps the graph of its first call: another graph's features are an
     error that says so (stock PyG uses the kept graph too, and fails or computes with it), and the

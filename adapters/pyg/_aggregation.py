@@ -36,13 +36,19 @@ MEAN = NormSpec("mean")
 
 def weighted(graph: Graph, values: Tensor | None) -> TiledAdjacency | None:
     """``graph``'s adjacency with per-edge ``values`` (in the input's edge order), or ``None``
-    where fgplugin refuses them (e.g. NaN weights), so that the stock layer decides."""
+    where fgplugin refuses them (e.g. NaN weights), so that the stock layer decides. A
+    ``TiledAdjacency`` input gets the refusal's error instead: the stock layer cannot read it."""
     if values is None:
         return graph.adj
     try:
         return graph.adj.with_values(values)
-    except (ValueError, TypeError):
-        return None
+    except (ValueError, TypeError) as refusal:
+        if graph.kind != "tiled":
+            return None
+        if graph.adj.values is None:
+            raise
+        raise type(refusal)(f"{refusal}. This TiledAdjacency already carries edge weights (BlockReorder builds "
+                            "data.adj_t with data.edge_weight): pass it without edge_weight") from refusal
 
 
 def aggregation_of(graph: Graph, values: Tensor | None, norm: NormSpec, values_source=None,
