@@ -60,6 +60,7 @@ once, saying why.
 """
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from typing import Callable
@@ -424,4 +425,14 @@ def _fall_back(reason: str) -> None:
         return
     _warned.add(reason)
     warnings.warn(f"fgplugin.graphed_step: the step runs eagerly ({reason}). See fgplugin/graphed.py for what a "
-                  "captured step needs.", GraphedStepWarning, stacklevel=3)
+                  "captured step needs.", GraphedStepWarning, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` at which the caller's ``warnings.warn`` points at the user's line: the
+    first frame outside this module (the calls that fall back sit at different depths:
+    ``graphed_step``, a capture, a step's call)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level

@@ -84,8 +84,9 @@ def _graphed_losses(model, x, edge_index, y, idx, steps):
 def test_on_the_cpu_the_step_runs_eagerly_with_one_warning(monkeypatch):
     monkeypatch.setattr(fgplugin.graphed, "_warned", set())  # once per reason and process: not another test's
     x, edge_index, y, idx, model, reference = _model_and_reference("cpu")
-    with pytest.warns(GraphedStepWarning, match="CUDA graphs need the model and inputs on a CUDA device"):
+    with pytest.warns(GraphedStepWarning, match="CUDA graphs need the model and inputs on a CUDA device") as caught:
         step, losses = _graphed_losses(model, x, edge_index, y, idx, STEPS)
+    assert caught[0].filename == __file__  # the warning points at the user's call, not at fgplugin
     assert step.graph is None and step.captures == 0 and step.capture_s is None
     assert "CUDA graphs need the model and inputs on a CUDA device" in step.fallback_reason
     expected = _eager_losses(reference, x, edge_index, y, idx, WARMUP + STEPS)[WARMUP:]  # warm-up steps train too
@@ -232,6 +233,7 @@ def test_a_loss_that_syncs_falls_back_to_eager_with_the_reason():
         step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[train], y[train]), x, edge_index)
     # the sync's own error, not the one ending the capture after it
     assert "previous error" not in str(caught[0].message) and "capturing" in str(caught[0].message)
+    assert caught[0].filename == __file__
     assert step.graph is None
     assert opt.param_groups[0]["capturable"] is False and opt.state[opt.param_groups[0]["params"][0]]["step"].is_cpu
     assert opt.param_groups[0]["fused"] is None  # the fused switch is undone for the eager steps
@@ -472,10 +474,11 @@ def test_a_step_that_changes_on_every_call_runs_eagerly():
     x, edge_index, y, idx, model, reference = _model_and_reference("cuda")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = fgplugin.graphed_step(model, opt, lambda out: F.cross_entropy(out[idx], y[idx]), x, edge_index)
-    with pytest.warns(GraphedStepWarning, match="changed on 3 calls in a row"):
+    with pytest.warns(GraphedStepWarning, match="changed on 3 calls in a row") as caught:
         for i in range(5):
             opt.param_groups[0]["lr"] = 0.1 / (i + 2)
             step()
+    assert caught[0].filename == __file__
     assert step.graph is None and step.captures == 1 + graphed.MAX_CAPTURES_IN_A_ROW - 1
     assert "changed on 3 calls in a row" in step.fallback_reason
 
