@@ -45,13 +45,14 @@ from .capture_holds import capturing, hold
 from .config import settings
 from .form_trial import FormTrial, current
 from .inference_mode import in_inference_mode
+from .stamps import stamp
 
 MAX_MEMORY_FRACTION = 0.125
 
 
 class _Key:
     """What an aggregation depends on: tensors and other objects by identity (a weak reference;
-    tensors also by :func:`_stamp`), plain values (normalization settings) by equality."""
+    tensors also by :func:`fgplugin.stamps.stamp`), plain values (normalization settings) by equality."""
 
     __slots__ = ("_parts",)
 
@@ -63,13 +64,13 @@ class _Key:
             except TypeError:  # a plain value: None, a number, a string, a named tuple of them
                 parts.append((False, obj, None))
                 continue
-            parts.append((True, ref, _stamp(obj) if isinstance(obj, Tensor) else None))
+            parts.append((True, ref, stamp(obj) if isinstance(obj, Tensor) else None))
         self._parts = tuple(parts)
 
     def is_of(self, x) -> bool:
         """Whether the first object keyed (the input) is ``x`` as it is now."""
         by_ref, held, version = self._parts[0]
-        return by_ref and held() is x and _stamp(x) == version
+        return by_ref and held() is x and stamp(x) == version
 
     def matches(self, deps: tuple) -> bool:
         if len(deps) != len(self._parts):
@@ -77,18 +78,11 @@ class _Key:
         for obj, (by_ref, held, version) in zip(deps, self._parts):
             if by_ref:  # a dead reference never matches: its object is gone, whatever this call passes
                 now = held()
-                if now is None or now is not obj or (isinstance(obj, Tensor) and _stamp(obj) != version):
+                if now is None or now is not obj or (isinstance(obj, Tensor) and stamp(obj) != version):
                     return False
             elif type(obj) is not type(held) or obj != held:
                 return False
         return True
-
-
-def _stamp(t: Tensor) -> tuple:
-    """What tells a tensor's contents apart over time, as far as torch lets it: its version counter
-    (in-place writes through torch), and where its data lives and its shape (an assignment to
-    ``t.data``, which leaves the counter as it was)."""
-    return t._version, t.data_ptr() if t.layout == torch.strided else None, t.shape
 
 
 class InputCache:

@@ -59,6 +59,7 @@ from .config import settings
 from .normalization import Normalization
 from .repeated_calls import context_allows, switches
 from .repeated_calls import find as find_product
+from .stamps import stamp
 from .tiling import TiledAdjacency
 
 TRANSFORMED, AGGREGATED, KEPT_INPUT = "transformed", "aggregated", "kept input"
@@ -211,7 +212,7 @@ def _key(graph_input, values: tuple, x: Tensor, decision: Decision) -> tuple:
     adj = decision.adj()
     edge_values = None if adj is None else adj.values
     return (values, x.dtype, x.device, x.shape, x.requires_grad, torch.is_grad_enabled(), settings.input_cache,
-            settings.sparse_input, *switches(), graph_input._version if isinstance(graph_input, Tensor) else None,
+            settings.sparse_input, *switches(), stamp(graph_input) if isinstance(graph_input, Tensor) else None,
             adj is None, None if edge_values is None else edge_values._version)
 
 

@@ -20,6 +20,7 @@ from .inference_mode import outside_inference_mode
 from ._csr import index_dtype_for, inverse_permutation, rows_of_edges, rowptr_from_sorted_rows
 from .kernel_plan import KernelPlan, block_adaptive_available, build_kernel_plan
 from .normalization import normalization
+from .stamps import stamp
 from .tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
 from .validation import (check_csr, check_edge_index, check_edge_values, check_node_count, check_perm,
                          check_tile_options, refuse_spent_weights)
@@ -207,10 +208,11 @@ class TiledAdjacency:
         built from (``from_edge_index``), or in CSR order when it was built from CSR or scipy.
 
         Weights that need no gradient give the same copy again while they are the same tensor,
-        unchanged (its ``_version``), so that a layer called with them every step keeps what the
-        copy caches (its normalization, the op's arguments, a cuSPARSE fold) and checks them once.
-        The finite-value check needs a host sync: it is skipped under torch.compile and inside a
-        CUDA graph capture (the warm-up steps before a capture check the same weights)."""
+        unchanged (its version, data and shape: fgplugin.stamps), so that a layer called with them
+        every step keeps what the copy caches (its normalization, the op's arguments, a cuSPARSE
+        fold) and checks them once. The finite-value check needs a host sync: it is skipped under
+        torch.compile and inside a CUDA graph capture (the warm-up steps before a capture check the
+        same weights)."""
         if edge_values is None:
             return self._copy(values=None)
         if self._edge_order_dropped:
@@ -224,7 +226,7 @@ class TiledAdjacency:
         if memo is not None:
             kept = memo.get(id(edge_values))
             # the weights unchanged, and the copy's own values too (they may be a copy of them)
-            if kept is not None and kept[0]() is edge_values and kept[1] == (edge_values._version,
+            if kept is not None and kept[0]() is edge_values and kept[1] == (stamp(edge_values),
                                                                             kept[2].values._version):
                 return hold(kept[2])
         source = edge_values
@@ -239,7 +241,7 @@ class TiledAdjacency:
                 for key in [k for k, entry in list(memo.items()) if entry[2].values is entry[0]()]:
                     memo.pop(key, None)  # (a weak reference's callback may have dropped it meanwhile)
             memo[id(source)] = (weakref.ref(source, _forget_in(memo, id(source))),
-                                (source._version, copy.values._version), copy)
+                                (stamp(source), copy.values._version), copy)
             while len(memo) > MAX_WEIGHTED_COPIES:
                 memo.pop(next(iter(memo)))
         return hold(copy)

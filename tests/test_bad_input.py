@@ -183,7 +183,7 @@ def test_a_read_only_cache_folder_costs_the_cache_not_the_result(tmp_path, monke
 
 def test_an_in_place_write_to_edge_index_is_seen():
     """The layers build a graph's structure once per edge_index tensor and again after an in-place
-    write that torch counts (a write through .numpy() or .data is not seen: docs/design.md)."""
+    write that torch counts (a write in place through .numpy() or .data is not seen: docs/design.md)."""
     import fgplugin.pyg as fp
 
     conv = fp.GCNConv(3, 2)
@@ -193,6 +193,33 @@ def test_an_in_place_write_to_edge_index_is_seen():
     edge_index[0, 0] = 2
     assert not torch.allclose(conv(x, edge_index), before)
     assert torch.allclose(conv(x, edge_index), conv(x, edge_index.clone()))
+
+
+@pytest.mark.parametrize("constant", [False, True], ids=["hidden", "first"])
+def test_graphs_and_weights_given_new_data_are_seen(constant):
+    """``edge_index.data = other`` and ``edge_weight.data = other`` leave the version counters as
+    they were; a layer's cached structure, weighted copy, kept call and kept input must not serve
+    the old graph or weights."""
+    import torch_geometric.nn as pyg_nn
+
+    import fgplugin.pyg as fp
+    from fgplugin.testing import random_graph_case, rel_error
+
+    stock = pyg_nn.GCNConv(8, 4)
+    ours = fp.GCNConv(8, 4)
+    ours.load_state_dict(stock.state_dict())
+    edge_index = random_graph_case(0, n_src=40).edge_index
+    weights = torch.rand(edge_index.shape[1])
+    x = torch.randn(40, 8, requires_grad=not constant)
+    for change, given in (("edges", None), ("weights", weights)):  # unweighted: the layer keeps its call
+        for _ in range(3):
+            ours(x, edge_index, given)
+        if change == "edges":
+            edge_index.data = random_graph_case(1, n_src=40).edge_index[:, :edge_index.shape[1]].clone()
+        else:
+            weights.data = torch.rand_like(weights)
+        for _ in range(2):
+            assert rel_error(ours(x, edge_index, given), stock(x, edge_index, given)) <= 1e-5, change
 
 
 @pytest.mark.parametrize("built", ["from_edge_index", "with_values"])

@@ -4,8 +4,8 @@ A layer accepts an ``edge_index`` (plain or PyG's ``EdgeIndex``), a ``torch.spar
 a ``torch_sparse.SparseTensor`` ``adj_t`` or a ``TiledAdjacency``. Building a ``TiledAdjacency``
 sorts the edges (O(E log E)), so the structure is cached per input object, even for
 ``cached=False`` layers: the key is the object's identity (``id``) checked through a weak
-reference, plus its ``_version`` (an in-place edit of ``edge_index`` builds anew) and the node
-counts. An entry dies with its input object, and every layer given the same object shares it. What
+reference, plus its version, data and shape (fgplugin.stamps: an in-place edit of ``edge_index``,
+or an assignment to its ``.data``, builds anew) and the node counts. An entry dies with its input object, and every layer given the same object shares it. What
 may change between calls (edge weights, the values of a sparse ``adj_t``, normalizations) is never
 cached here.
 
@@ -24,12 +24,13 @@ from torch_geometric.typing import SparseTensor
 
 from fgplugin import TiledAdjacency
 from fgplugin.inference_mode import outside_inference_mode
+from fgplugin.stamps import stamp
 from fgplugin.validation import plain_tensor
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 SPARSE_KINDS = ("torch.sparse", "SparseTensor")  # inputs that carry their own edge values
 
-# id(input) -> (weak reference to it, its _version when cached, {(n_src, n_dst, flip): Graph})
+# id(input) -> (weak reference to it, its stamp (fgplugin.stamps) when cached, {(n_src, n_dst, flip): Graph})
 _cache: dict[int, tuple[weakref.ref, int, dict]] = {}
 
 
@@ -77,7 +78,7 @@ def graph_of(source, n_src: int | None, n_dst: int | None, flip: bool = False, s
 def _cached_graph(source, kind, key, n_src, n_dst, flip, strict):
     if isinstance(source, torch.Tensor) and source.is_inference():  # no version to key a cache on
         return _built(source, kind, n_src, n_dst, flip, strict)
-    version = source._version if isinstance(source, torch.Tensor) else 0
+    version = stamp(source) if isinstance(source, torch.Tensor) else 0
     entry = _cache.get(id(source))
     if entry is None or entry[0]() is not source or entry[1] != version:
         entry = (weakref.ref(source, _forget(id(source))), version, {})
