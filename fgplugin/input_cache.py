@@ -45,14 +45,15 @@ from .capture_holds import capturing, hold
 from .config import settings
 from .form_trial import FormTrial, current
 from .inference_mode import in_inference_mode
-from .stamps import stamp
+from .stamps import pin, stamp
 
 MAX_MEMORY_FRACTION = 0.125
 
 
 class _Key:
     """What an aggregation depends on: tensors and other objects by identity (a weak reference;
-    tensors also by :func:`fgplugin.stamps.stamp`), plain values (normalization settings) by equality."""
+    tensors also by :func:`fgplugin.stamps.stamp`, their storage pinned), plain values (normalization
+    settings) by equality."""
 
     __slots__ = ("_parts",)
 
@@ -62,20 +63,21 @@ class _Key:
             try:
                 ref = weakref.ref(obj)
             except TypeError:  # a plain value: None, a number, a string, a named tuple of them
-                parts.append((False, obj, None))
+                parts.append((False, obj, None, None))
                 continue
-            parts.append((True, ref, stamp(obj) if isinstance(obj, Tensor) else None))
+            tensor = isinstance(obj, Tensor)
+            parts.append((True, ref, stamp(obj) if tensor else None, pin(obj) if tensor else None))
         self._parts = tuple(parts)
 
     def is_of(self, x) -> bool:
         """Whether the first object keyed (the input) is ``x`` as it is now."""
-        by_ref, held, version = self._parts[0]
+        by_ref, held, version, _ = self._parts[0]
         return by_ref and held() is x and stamp(x) == version
 
     def matches(self, deps: tuple) -> bool:
         if len(deps) != len(self._parts):
             return False
-        for obj, (by_ref, held, version) in zip(deps, self._parts):
+        for obj, (by_ref, held, version, _) in zip(deps, self._parts):
             if by_ref:  # a dead reference never matches: its object is gone, whatever this call passes
                 now = held()
                 if now is None or now is not obj or (isinstance(obj, Tensor) and stamp(obj) != version):

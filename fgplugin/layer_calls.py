@@ -59,7 +59,7 @@ from .config import settings
 from .normalization import Normalization
 from .repeated_calls import context_allows, switches
 from .repeated_calls import find as find_product
-from .stamps import stamp
+from .stamps import pin, stamp
 from .tiling import TiledAdjacency
 
 TRANSFORMED, AGGREGATED, KEPT_INPUT = "transformed", "aggregated", "kept input"
@@ -177,12 +177,13 @@ def product_call(decision: Decision):
 class KeptLayerCall:
     """One layer's decided call and the key it was decided for, all held weakly."""
 
-    __slots__ = ("graph_input", "key", "objects", "decision", "last_input")
+    __slots__ = ("graph_input", "key", "objects", "decision", "last_input", "pinned")
 
     def __init__(self, graph_input, objects: tuple, values: tuple, x: Tensor, decision: Decision):
         self.graph_input = weakref.ref(graph_input)
         self.objects = _weak(objects)
         self.key = _key(graph_input, values, x, decision)
+        self.pinned = pin(graph_input) if isinstance(graph_input, Tensor) else None  # what its stamp names
         self.decision = decision
         # an input that needs no gradient (not the cache's), as of the last call served: the same
         # tensor again may be a constant input, which the full path lets the input cache keep

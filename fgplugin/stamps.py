@@ -9,3 +9,12 @@ def stamp(t: torch.Tensor) -> tuple:
     (an assignment to ``t.data``, which leaves the counter as it was). Writes that torch does not
     count are not seen: in place through ``t.data`` or through a NumPy view."""
     return t._version, t.data_ptr() if t.layout == torch.strided else None, t.shape
+
+
+def pin(t: torch.Tensor):
+    """What a cache holds beside ``t``'s stamp: its storage, so that the address in the stamp
+    stays ``t``'s old data's and no new data can take it after an assignment to ``t.data`` (else
+    two assignments in a row may put the new data back where the stamp looks, unseen). Holding it
+    costs no memory while ``t`` keeps that data, and one tensor's worth after such an assignment,
+    until the cache entry is replaced or dropped."""
+    return t.untyped_storage() if t.layout == torch.strided else None

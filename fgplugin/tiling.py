@@ -20,7 +20,7 @@ from .inference_mode import outside_inference_mode
 from ._csr import index_dtype_for, inverse_permutation, rows_of_edges, rowptr_from_sorted_rows
 from .kernel_plan import KernelPlan, block_adaptive_available, build_kernel_plan
 from .normalization import normalization
-from .stamps import stamp
+from .stamps import pin, stamp
 from .tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
 from .validation import (check_csr, check_edge_index, check_edge_values, check_node_count, check_perm,
                          check_tile_options, refuse_spent_weights)
@@ -241,7 +241,7 @@ class TiledAdjacency:
                 for key in [k for k, entry in list(memo.items()) if entry[2].values is entry[0]()]:
                     memo.pop(key, None)  # (a weak reference's callback may have dropped it meanwhile)
             memo[id(source)] = (weakref.ref(source, _forget_in(memo, id(source))),
-                                (stamp(source), copy.values._version), copy)
+                                (stamp(source), copy.values._version), copy, pin(source))
             while len(memo) > MAX_WEIGHTED_COPIES:
                 memo.pop(next(iter(memo)))
         return hold(copy)

@@ -222,6 +222,31 @@ def test_graphs_and_weights_given_new_data_are_seen(constant):
             assert rel_error(ours(x, edge_index, given), stock(x, edge_index, given)) <= 1e-5, change
 
 
+@pytest.mark.parametrize("what", ["features", "edges", "weights"])
+def test_two_assignments_to_data_in_a_row_are_seen(what):
+    """Two ``.data`` assignments between calls could put the new data at the address the caches
+    keyed (the allocator reusing the block the first one freed): the caches pin what they key."""
+    import torch_geometric.nn as pyg_nn
+
+    import fgplugin.pyg as fp
+    from fgplugin.testing import random_graph_case, rel_error
+
+    stock = pyg_nn.GCNConv(16, 8)
+    ours = fp.GCNConv(16, 8)
+    ours.load_state_dict(stock.state_dict())
+    edge_index = random_graph_case(0, n_src=100).edge_index
+    weights = torch.rand(edge_index.shape[1]) if what == "weights" else None
+    x = torch.randn(100, 16)
+    changed = {"features": x, "edges": edge_index, "weights": weights}[what]
+    with torch.no_grad():
+        for _ in range(20):
+            for _ in range(2):  # the second call keeps what the caches keep
+                ours(x, edge_index, weights)
+            changed.data = changed.data.flip(-1)
+            changed.data = changed.data.clone()
+            assert rel_error(ours(x, edge_index, weights), stock(x, edge_index, weights)) <= 1e-5
+
+
 @pytest.mark.parametrize("built", ["from_edge_index", "with_values"])
 def test_an_adjacency_built_once_from_learnable_weights_names_the_fix_on_its_second_backward(built):
     # its values are indexed out of the weights once, and the first backward pass frees that

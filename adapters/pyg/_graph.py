@@ -24,14 +24,15 @@ from torch_geometric.typing import SparseTensor
 
 from fgplugin import TiledAdjacency
 from fgplugin.inference_mode import outside_inference_mode
-from fgplugin.stamps import stamp
+from fgplugin.stamps import pin, stamp
 from fgplugin.validation import plain_tensor
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 SPARSE_KINDS = ("torch.sparse", "SparseTensor")  # inputs that carry their own edge values
 
-# id(input) -> (weak reference to it, its stamp (fgplugin.stamps) when cached, {(n_src, n_dst, flip): Graph})
-_cache: dict[int, tuple[weakref.ref, int, dict]] = {}
+# id(input) -> (weak reference to it, its stamp (fgplugin.stamps) when cached, {(n_src, n_dst, flip): Graph},
+# its storage pinned)
+_cache: dict[int, tuple[weakref.ref, tuple | int, dict, object]] = {}
 
 
 class Graph(NamedTuple):
@@ -81,7 +82,8 @@ def _cached_graph(source, kind, key, n_src, n_dst, flip, strict):
     version = stamp(source) if isinstance(source, torch.Tensor) else 0
     entry = _cache.get(id(source))
     if entry is None or entry[0]() is not source or entry[1] != version:
-        entry = (weakref.ref(source, _forget(id(source))), version, {})
+        entry = (weakref.ref(source, _forget(id(source))), version, {},
+                 pin(source) if isinstance(source, torch.Tensor) else None)
         _cache[id(source)] = entry
     graph = entry[2].get(key)
     if graph is None:
