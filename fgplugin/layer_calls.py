@@ -177,10 +177,17 @@ def product_call(decision: Decision):
 class KeptLayerCall:
     """One layer's decided call and the key it was decided for, all held weakly."""
 
-    __slots__ = ("graph_input", "key", "objects", "decision", "last_input", "pinned")
+    __slots__ = ("graph_input", "key", "objects", "decision", "last_input", "pinned", "__weakref__")
 
     def __init__(self, graph_input, objects: tuple, values: tuple, x: Tensor, decision: Decision):
-        self.graph_input = weakref.ref(graph_input)
+        this = weakref.ref(self)
+
+        def unpin(_):  # the graph input freed: what its stamp names need not be held any longer
+            kept = this()
+            if kept is not None:
+                kept.pinned = None
+
+        self.graph_input = weakref.ref(graph_input, unpin)
         self.objects = _weak(objects)
         self.key = _key(graph_input, values, x, decision)
         self.pinned = pin(graph_input) if isinstance(graph_input, Tensor) else None  # what its stamp names

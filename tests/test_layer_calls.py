@@ -607,3 +607,17 @@ def test_graphs_in_turns_are_each_aggregated_over(device, constant):
     for step in range(6):
         g = graphs[step % 2]
         assert rel_error(conv(x, g), _stock(conv, x, g)) <= 1e-5
+
+
+def test_a_kept_call_pins_its_graph_inputs_data_only_while_the_input_lives():
+    # the key stamps the graph input's data address, whose storage it holds so that no new data can
+    # take the address; once the input is freed that storage is let go of too
+    conv, edge_index = _setup("cpu", graph="edge_index")
+    x = torch.randn(60, IN, requires_grad=True)
+    for _ in range(3):
+        conv(x, edge_index)
+    kept = conv.__dict__["_fgplugin_layer_call"]
+    assert kept.pinned is not None
+    del edge_index
+    gc.collect()
+    assert kept.pinned is None
