@@ -5,9 +5,9 @@ a ``torch_sparse.SparseTensor`` ``adj_t`` or a ``TiledAdjacency``. Building a ``
 sorts the edges (O(E log E)), so the structure is cached per input object, even for
 ``cached=False`` layers: the key is the object's identity (``id``) checked through a weak
 reference, plus its version, data and shape (fgplugin.stamps: an in-place edit of ``edge_index``,
-or an assignment to its ``.data``, builds anew) and the node counts. An entry dies with its input object, and every layer given the same object shares it. What
-may change between calls (edge weights, the values of a sparse ``adj_t``, normalizations) is never
-cached here.
+or an assignment to its ``.data``, builds anew) and the node counts. An entry dies with its input
+object, and every layer given the same object shares it. What may change between calls (edge
+weights, the values of a sparse ``adj_t``, normalizations) is never cached here.
 
 Under ``torch.compile`` an ``edge_index`` is not looked up while tracing: the layers defer it to
 an opaque op that reads this cache when it runs (_deferred.py). Sparse inputs are looked up; one
