@@ -433,6 +433,6 @@ def _user_stacklevel() -> int:
     first frame outside this module (the calls that fall back sit at different depths:
     ``graphed_step``, a capture, a step's call)."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename == __file__:
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
         frame, level = frame.f_back, level + 1
     return level

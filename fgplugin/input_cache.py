@@ -52,8 +52,8 @@ MAX_MEMORY_FRACTION = 0.125
 
 class _Key:
     """What an aggregation depends on: tensors and other objects by identity (a weak reference;
-    tensors also by :func:`fgplugin.stamps.stamp`, their storage pinned), plain values (normalization
-    settings) by equality."""
+    tensors also by :func:`fgplugin.stamps.stamp`, the input's storage pinned), plain values
+    (normalization settings) by equality."""
 
     __slots__ = ("_parts",)
 
@@ -66,7 +66,9 @@ class _Key:
                 parts.append((False, obj, None, None))
                 continue
             tensor = isinstance(obj, Tensor)
-            parts.append((True, ref, stamp(obj) if tensor else None, pin(obj) if tensor else None))
+            # only the input's storage is held (the key lives as long as the input): edge weights' is
+            # held by their weighted copy's memo, which lets it go when they are freed
+            parts.append((True, ref, stamp(obj) if tensor else None, pin(obj) if tensor and not parts else None))
         self._parts = tuple(parts)
 
     def is_of(self, x) -> bool:

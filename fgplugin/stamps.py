@@ -5,10 +5,23 @@ import torch
 
 
 def stamp(t: torch.Tensor) -> tuple:
-    """``t``'s version counter (in-place writes through torch), where its data lives and its shape
-    (an assignment to ``t.data``, which leaves the counter as it was). Writes that torch does not
-    count are not seen: in place through ``t.data`` or through a NumPy view."""
-    return t._version, t.data_ptr() if t.layout == torch.strided else None, t.shape
+    """``t``'s version counter (in-place writes through torch), where its data lives, its shape,
+    strides and dtype (an assignment to ``t.data``, which leaves the counter as it was). Writes
+    that torch does not count are not seen: in place through ``t.data``, through a NumPy view, or
+    through another tensor that holds data assigned to ``t.data``. Only for a tensor that
+    :func:`stampable` accepts."""
+    if t.layout != torch.strided:
+        return t._version, None, t.shape, None, t.dtype
+    return t._version, t.data_ptr(), t.shape, t.stride(), t.dtype
+
+
+def stampable(t: torch.Tensor) -> bool:
+    """Whether ``t`` has a version counter and data of its own to stamp: not a tensor made in
+    inference mode, nor one that a functorch transform (``vmap``, ``jvp``) wraps."""
+    return not t.is_inference() and not _functorch_wrapped(t)
+
+
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def pin(t: torch.Tensor):

@@ -20,7 +20,7 @@ from .inference_mode import outside_inference_mode
 from ._csr import index_dtype_for, inverse_permutation, rows_of_edges, rowptr_from_sorted_rows
 from .kernel_plan import KernelPlan, block_adaptive_available, build_kernel_plan
 from .normalization import normalization
-from .stamps import pin, stamp
+from .stamps import pin, stamp, stampable
 from .tile_density import DEFAULT_THRESHOLD, dense_tiles, tile_keys
 from .validation import (check_csr, check_edge_index, check_edge_values, check_node_count, check_perm,
                          check_tile_options, refuse_spent_weights)
@@ -249,10 +249,10 @@ class TiledAdjacency:
     @staticmethod
     def _memoizable(edge_values) -> bool:
         # weights that need a gradient are indexed into each step's autograd graph: never reused;
-        # tensors made in inference mode have no version counter to check
+        # tensors made in inference mode or wrapped by functorch have nothing to stamp
         return isinstance(edge_values, torch.Tensor) and not edge_values.requires_grad \
             and not torch.compiler.is_compiling() and not torch.is_inference_mode_enabled() \
-            and not edge_values.is_inference()
+            and stampable(edge_values)
 
     def with_tiles(self, tile_size=None, threshold=None) -> "TiledAdjacency":
         """The same graph with another tile size or density threshold."""

@@ -247,6 +247,22 @@ def test_two_assignments_to_data_in_a_row_are_seen(what):
             assert rel_error(ours(x, edge_index, weights), stock(x, edge_index, weights)) <= 1e-5
 
 
+def test_a_functorch_wrapped_graph_is_not_cached():
+    """A graph wrapped by a functorch transform has no data of its own to key a cache on: vmap
+    over a batch of edge_index runs as stock."""
+    import torch_geometric.nn as pyg_nn
+
+    import fgplugin.pyg as fp
+
+    x = torch.randn(20, 8)
+    stock = pyg_nn.GCNConv(8, 4, add_self_loops=False, normalize=False)
+    ours = fp.GCNConv(8, 4, add_self_loops=False, normalize=False)
+    ours.load_state_dict(stock.state_dict())
+    batch = torch.stack([torch.randint(0, 20, (2, 60), generator=torch.Generator().manual_seed(s)) for s in (0, 1)])
+    assert torch.allclose(torch.func.vmap(lambda e: ours(x, e))(batch),
+                          torch.func.vmap(lambda e: stock(x, e))(batch), atol=1e-5)
+
+
 @pytest.mark.parametrize("built", ["from_edge_index", "with_values"])
 def test_an_adjacency_built_once_from_learnable_weights_names_the_fix_on_its_second_backward(built):
     # its values are indexed out of the weights once, and the first backward pass frees that

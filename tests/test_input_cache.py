@@ -144,6 +144,17 @@ def test_an_input_given_new_data_is_seen(config):
     assert str(ours_error.value) == str(stock_error.value)
 
 
+def test_an_input_given_a_view_of_its_own_data_is_seen():
+    """``x.data = x.data.t()``: the same data address and shape (square features), other strides."""
+    ei, n = graph(n=16, e=80)
+    stock, ours = pair("gcn-wide-in")
+    x = torch.randn(n, 16)
+    for _ in range(3):
+        ours(x, ei)
+    x.data = x.data.t()
+    assert rel_err(ours(x, ei), stock(x, ei)) < TOL
+
+
 @pytest.mark.parametrize("write", [lambda t: t.mul_(2), lambda t: t.data.mul_(2)], ids=["in_place", "through_data"])
 @pytest.mark.parametrize("config,linear", [("sg", "lin"), ("sage", "lin_l")])
 def test_a_linear_map_that_writes_to_its_input_leaves_the_kept_aggregation_intact(config, linear, write):

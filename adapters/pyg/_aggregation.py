@@ -45,7 +45,7 @@ def weighted(graph: Graph, values: Tensor | None) -> TiledAdjacency | None:
     except (ValueError, TypeError) as refusal:
         if graph.kind != "tiled":
             return None
-        if graph.adj.values is None:
+        if graph.adj.values is None or not graph.adj._edge_order_dropped:
             raise
         raise type(refusal)(f"{refusal}. This TiledAdjacency already carries edge weights (BlockReorder builds "
                             "data.adj_t with data.edge_weight): pass it without edge_weight") from refusal

@@ -24,7 +24,7 @@ from torch_geometric.typing import SparseTensor
 
 from fgplugin import TiledAdjacency
 from fgplugin.inference_mode import outside_inference_mode
-from fgplugin.stamps import pin, stamp
+from fgplugin.stamps import pin, stamp, stampable
 from fgplugin.validation import plain_tensor
 
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
@@ -77,7 +77,7 @@ def graph_of(source, n_src: int | None, n_dst: int | None, flip: bool = False, s
 
 
 def _cached_graph(source, kind, key, n_src, n_dst, flip, strict):
-    if isinstance(source, torch.Tensor) and source.is_inference():  # no version to key a cache on
+    if isinstance(source, torch.Tensor) and not stampable(source):  # nothing to key a cache on
         return _built(source, kind, n_src, n_dst, flip, strict)
     version = stamp(source) if isinstance(source, torch.Tensor) else 0
     entry = _cache.get(id(source))
