@@ -55,7 +55,7 @@ class _Key:
     tensors also by :func:`fgplugin.stamps.stamp`, the input's storage pinned), plain values
     (normalization settings) by equality."""
 
-    __slots__ = ("_parts",)
+    __slots__ = ("_parts", "_pinned")
 
     def __init__(self, deps: tuple):
         parts = []
@@ -63,23 +63,23 @@ class _Key:
             try:
                 ref = weakref.ref(obj)
             except TypeError:  # a plain value: None, a number, a string, a named tuple of them
-                parts.append((False, obj, None, None))
+                parts.append((False, obj, None))
                 continue
-            tensor = isinstance(obj, Tensor)
-            # only the input's storage is held (the key lives as long as the input): edge weights' is
-            # held by their weighted copy's memo, which lets it go when they are freed
-            parts.append((True, ref, stamp(obj) if tensor else None, pin(obj) if tensor and not parts else None))
+            parts.append((True, ref, stamp(obj) if isinstance(obj, Tensor) else None))
         self._parts = tuple(parts)
+        # only the input's storage is held (the key lives as long as the input): edge weights' is
+        # held by their weighted copy's memo, which lets it go when they are freed
+        self._pinned = pin(deps[0]) if isinstance(deps[0], Tensor) else None
 
     def is_of(self, x) -> bool:
         """Whether the first object keyed (the input) is ``x`` as it is now."""
-        by_ref, held, version, _ = self._parts[0]
+        by_ref, held, version = self._parts[0]
         return by_ref and held() is x and stamp(x) == version
 
     def matches(self, deps: tuple) -> bool:
         if len(deps) != len(self._parts):
             return False
-        for obj, (by_ref, held, version, _) in zip(deps, self._parts):
+        for obj, (by_ref, held, version) in zip(deps, self._parts):
             if by_ref:  # a dead reference never matches: its object is gone, whatever this call passes
                 now = held()
                 if now is None or now is not obj or (isinstance(obj, Tensor) and stamp(obj) != version):

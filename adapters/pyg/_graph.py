@@ -77,13 +77,13 @@ def graph_of(source, n_src: int | None, n_dst: int | None, flip: bool = False, s
 
 
 def _cached_graph(source, kind, key, n_src, n_dst, flip, strict):
-    if isinstance(source, torch.Tensor) and not stampable(source):  # nothing to key a cache on
+    tensor = isinstance(source, torch.Tensor)
+    if tensor and not stampable(source):  # nothing to key a cache on
         return _built(source, kind, n_src, n_dst, flip, strict)
-    version = stamp(source) if isinstance(source, torch.Tensor) else 0
+    version = stamp(source) if tensor else 0
     entry = _cache.get(id(source))
     if entry is None or entry[0]() is not source or entry[1] != version:
-        entry = (weakref.ref(source, _forget(id(source))), version, {},
-                 pin(source) if isinstance(source, torch.Tensor) else None)
+        entry = (weakref.ref(source, _forget(id(source))), version, {}, pin(source) if tensor else None)
         _cache[id(source)] = entry
     graph = entry[2].get(key)
     if graph is None:
